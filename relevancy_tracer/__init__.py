@@ -1,0 +1,75 @@
+"""relevancy-tracer: answer relevancy of RAG answers, scored in the background, on OpenTelemetry spans.
+
+Engine (batch and ad hoc scoring)::
+
+    import relevancy_tracer
+    result = relevancy_tracer.score("Where is France and what is its capital?",
+                                    "France is in western Europe and Paris is its capital.")
+    result.score, result.label, result.generated_questions
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from . import runtime
+from .config import Settings
+from .dataset import ColumnMapping
+from .result import RelevancyResult, Status
+from .scoring.engine import Engine
+
+__version__ = "0.1.0"
+
+
+def score(question: Any, answer: Any, contexts: Any = None, **overrides: Any) -> RelevancyResult:
+    """Score the relevancy of ``answer`` to ``question`` with the configured engine (blocking).
+
+    Args:
+        question, answer: non-empty str. contexts: list[str], recorded only.
+        **overrides: per-call settings, e.g. ``strictness=5``, ``method="direct"``,
+            ``noncommittal="any"`` (see the README's configuration table).
+
+    Returns:
+        :class:`RelevancyResult`; ``result.status == "scored"`` with a finite ``score``, or a
+        named failure status with ``error`` set. Bad data and model failures never raise.
+
+    Raises:
+        TypeError, ValueError: an unknown override or an out-of-range override value.
+    """
+    return runtime.get_engine().score(question, answer, contexts, **overrides)
+
+
+async def ascore(question: Any, answer: Any, contexts: Any = None, **overrides: Any) -> RelevancyResult:
+    """Async :func:`score`."""
+    return await runtime.get_engine().ascore(question, answer, contexts, **overrides)
+
+
+def evaluate(
+    rows: Iterable[Any],
+    *,
+    concurrency: Optional[int] = None,
+    as_dataframe: bool = False,
+    mapping: Optional[ColumnMapping] = None,
+    **overrides: Any,
+) -> Any:
+    """Score many rows concurrently (at most ``concurrency`` at once, default the setting).
+
+    ``rows``: dicts or a pandas DataFrame with question/answer/contexts (or
+    user_input/response/retrieved_contexts) columns; ``mapping`` selects others.
+    Returns ``list[RelevancyResult]`` in row order, or a pandas DataFrame with
+    ``as_dataframe=True``. Never raises for bad rows: they get status ``invalid_input``.
+    """
+    return runtime.get_engine().evaluate(rows, concurrency=concurrency, as_dataframe=as_dataframe, mapping=mapping, **overrides)
+
+
+__all__ = [
+    "ColumnMapping",
+    "Engine",
+    "RelevancyResult",
+    "Settings",
+    "Status",
+    "__version__",
+    "ascore",
+    "evaluate",
+    "score",
+]

@@ -1,0 +1,70 @@
+"""Model backends behind two protocols: :class:`ChatModel` and :class:`Embedder`.
+
+:func:`build_models` turns :class:`~relevancy_tracer.config.Settings` into a backend pair.
+Local models are shared process-wide per (model, threads, context), so reconfiguring never
+loads a second copy of a 1 GB model.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..config import Settings
+from .base import ChatModel, ChatReply, Embedder, EmbeddingReply, ModelError, Models
+
+__all__ = ["ChatModel", "ChatReply", "Embedder", "EmbeddingReply", "ModelError", "Models", "build_models"]
+
+_shared: dict[tuple, Any] = {}
+_shared_lock = threading.Lock()
+
+
+def _shared_instance(key: tuple, factory: Any) -> Any:
+    with _shared_lock:
+        instance = _shared.get(key)
+        if instance is None:
+            instance = _shared[key] = factory()
+        return instance
+
+
+def build_llm(settings: Settings) -> ChatModel:
+    """The chat backend for ``settings`` (no network or model load happens here)."""
+    if settings.llm == "local":
+        from .local_llm import LocalChatModel
+
+        model = settings.resolved_llm_model
+        key = ("local-llm", model, settings.local_threads, settings.local_context)
+        return _shared_instance(key, lambda: LocalChatModel(model, threads=settings.local_threads, n_ctx=settings.local_context))
+    from .openai_compat import OpenAIChatModel
+
+    return OpenAIChatModel(
+        settings.resolved_llm_model,
+        base_url=settings.llm_base_url,
+        api_key=settings.llm_api_key,
+        timeout=settings.llm_timeout,
+        max_retries=settings.llm_max_retries,
+        response_format=settings.llm_response_format,
+    )
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    """The embeddings backend for ``settings`` (lazy: nothing loads here)."""
+    if settings.embeddings == "local":
+        from .local_embed import make_local_embedder
+
+        model = settings.resolved_embedding_model
+        return _shared_instance(("local-embed", model), lambda: make_local_embedder(model))
+    from .openai_compat import OpenAIEmbedder
+
+    return OpenAIEmbedder(
+        settings.resolved_embedding_model,
+        base_url=settings.embedding_base_url,
+        api_key=settings.embedding_api_key,
+        timeout=settings.llm_timeout,
+        max_retries=settings.llm_max_retries,
+    )
+
+
+def build_models(settings: Settings) -> Models:
+    """Both backends for ``settings``."""
+    return Models(llm=build_llm(settings), embedder=build_embedder(settings))

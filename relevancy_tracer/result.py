@@ -1,0 +1,173 @@
+"""The answer-relevancy result and its status names."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
+
+
+class Status:
+    """Status names of one evaluation (``RelevancyResult.status``, span ``relevancy.status``).
+
+    Engine statuses: ``scored`` and the named failures below. The tracer adds ``not_sampled``,
+    ``dropped``, ``timeout``, ``shutdown`` and ``skipped`` (the app raised, nothing to score);
+    on spans every engine failure appears as ``error`` with its name in ``relevancy.error.type``.
+    """
+
+    SCORED = "scored"
+    # engine failures
+    INVALID_INPUT = "invalid_input"  # empty / non-str question or answer
+    INVALID_JSON = "invalid_json"  # the LLM reply was not the JSON asked for, after re-asking
+    TOO_FEW_QUESTIONS = "too_few_questions"  # no usable generated question
+    UNREADABLE_SCORE = "unreadable_score"  # a judge reply held no number in range
+    EMBEDDING_ERROR = "embedding_error"  # wrong vector count, zero or NaN vectors
+    MODEL_ERROR = "model_error"  # HTTP / connection / backend failure after retries
+    TIMEOUT = "timeout"
+    INTERNAL_ERROR = "internal_error"  # a bug in the engine; never raised to the caller
+    # tracer statuses
+    NOT_SAMPLED = "not_sampled"
+    DROPPED = "dropped"
+    ERROR = "error"
+    SHUTDOWN = "shutdown"
+    SKIPPED = "skipped"
+
+    ENGINE_FAILURES = (
+        INVALID_INPUT,
+        INVALID_JSON,
+        TOO_FEW_QUESTIONS,
+        UNREADABLE_SCORE,
+        EMBEDDING_ERROR,
+        MODEL_ERROR,
+        TIMEOUT,
+        INTERNAL_ERROR,
+    )
+
+
+#: Seed 000's explanations, from the highest band to the lowest.
+LABELS = (
+    ("directly_addresses", "Answer directly addresses the question"),
+    ("partially_addresses", "Answer partially addresses the question"),
+    ("somewhat_related", "Answer is somewhat related but misses key aspects"),
+    ("does_not_address", "Answer does not address the question"),
+)
+
+
+def label_for(score: float, thresholds: Sequence[float]) -> tuple[str, str]:
+    """(label, explanation) of ``score`` for descending ``thresholds`` (seed 000's bands).
+
+    With the default thresholds (0.8, 0.6, 0.4): >= 0.8 ``directly_addresses``, >= 0.6
+    ``partially_addresses``, >= 0.4 ``somewhat_related``, else ``does_not_address``.
+    """
+    for (label, explanation), threshold in zip(LABELS, thresholds):
+        if score >= threshold:
+            return label, explanation
+    return LABELS[-1]
+
+
+class EvaluationError(Exception):
+    """A named evaluation failure inside the engine; turned into a result, never raised out."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Usage:
+    """Model usage of one evaluation: tokens and request counts."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    llm_calls: int = 0
+    embedding_calls: int = 0
+
+    def add(self, input_tokens: int = 0, output_tokens: int = 0, llm_calls: int = 0, embedding_calls: int = 0) -> None:
+        self.input_tokens += int(input_tokens or 0)
+        self.output_tokens += int(output_tokens or 0)
+        self.llm_calls += llm_calls
+        self.embedding_calls += embedding_calls
+
+
+@dataclass
+class RelevancyResult:
+    """The answer-relevancy result of one (question, answer) pair.
+
+    Attributes:
+        score: float, finite, when ``status == "scored"``: the method's score, normally in
+            [0, 1] (the ``ragas`` method is a mean cosine similarity, so in [-1, 1] in theory,
+            seeds 001/002). ``None`` for any other status: a failed evaluation has no score, so
+            it can never be averaged in by mistake. Never NaN.
+        label, explanation: seed 000's band of ``score`` under the configured thresholds;
+            ``None`` when not scored.
+        method: the method that produced the score (``ragas``, ``direct``, ... ``combined``).
+        status: ``scored`` or a named failure (:class:`Status`); ``error``: its message.
+        generated_questions: the N questions reverse-generated from the answer (may be empty
+            for methods that do not generate them).
+        similarities: cosine similarity (or LLM-rated similarity for ``llm_similarity``) of each
+            generated question to the original, in generation order.
+        noncommittal: one flag per generated question, True for an evasive or vague answer.
+        components: score of each component method (``combined`` and composite defaults).
+        failed_components: component name -> failure status, for components that failed.
+        sub_questions, sub_questions_addressed: the ``decomposition`` method's details.
+        intent: the ``intent`` method's statement of the question's intent.
+        strictness: N. llm_model / embedding_model: model names used.
+        input_tokens, output_tokens: LLM tokens of this evaluation; llm_calls: chat requests.
+        latency_ms: wall-clock duration of the evaluation, in milliseconds.
+        truncated: True when the answer (or question) was cut to the configured budget.
+        question, answer, contexts: the inputs as scored (after truncation); contexts are
+            recorded, not used by the score.
+    """
+
+    score: Optional[float]
+    label: Optional[str]
+    explanation: Optional[str]
+    status: str
+    method: str
+    error: Optional[str] = None
+    generated_questions: list[str] = field(default_factory=list)
+    similarities: list[float] = field(default_factory=list)
+    noncommittal: list[bool] = field(default_factory=list)
+    components: dict[str, float] = field(default_factory=dict)
+    failed_components: dict[str, str] = field(default_factory=dict)
+    sub_questions: list[str] = field(default_factory=list)
+    sub_questions_addressed: list[bool] = field(default_factory=list)
+    intent: Optional[str] = None
+    strictness: int = 0
+    llm_model: Optional[str] = None
+    embedding_model: Optional[str] = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    llm_calls: int = 0
+    latency_ms: float = 0.0
+    truncated: bool = False
+    question: Optional[str] = None
+    answer: Optional[str] = None
+    contexts: Optional[list[str]] = None
+
+    def __post_init__(self) -> None:
+        if self.score is not None and not math.isfinite(self.score):
+            # A NaN/inf score is an engine bug; never let it escape.
+            self.error = f"non-finite score {self.score!r}"
+            self.score = None
+            self.label = self.explanation = None
+            self.status = Status.INTERNAL_ERROR
+
+    @property
+    def ok(self) -> bool:
+        """True when the evaluation produced a score."""
+        return self.status == Status.SCORED
+
+    def to_dict(self, include_inputs: bool = False) -> dict[str, Any]:
+        """A JSON-serialisable dict; inputs (question/answer/contexts) only on request."""
+        data = asdict(self)
+        if not include_inputs:
+            for key in ("question", "answer", "contexts"):
+                data.pop(key, None)
+        return data
+
+    @classmethod
+    def failure(cls, status: str, error: str, *, method: str, strictness: int = 0, **extra: Any) -> "RelevancyResult":
+        """A result for a failed evaluation: no score, a named status and its message."""
+        return cls(score=None, label=None, explanation=None, status=status, method=method, error=error, strictness=strictness, **extra)

@@ -1,0 +1,252 @@
+"""The answer-relevancy engine: input checks, the chosen method, labels, usage and timing.
+
+``Engine.ascore`` never raises for bad data or model failures: every problem becomes a
+:class:`~relevancy_tracer.result.RelevancyResult` with a named status. Only programming errors
+in the call itself (an unknown setting name, a setting value out of range) raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
+
+from ..config import Settings
+from ..models import build_models
+from ..models.base import Models
+from ..result import EvaluationError, RelevancyResult, Status, Usage, label_for
+from .methods import METHODS, EvalContext, StepCache, failure_of
+
+logger = logging.getLogger("relevancy_tracer")
+
+T = TypeVar("T")
+
+#: Settings that select or configure model backends; changing one per call builds other backends.
+MODEL_FIELDS = (
+    "llm",
+    "llm_model",
+    "llm_base_url",
+    "llm_api_key",
+    "embeddings",
+    "embedding_model",
+    "embedding_base_url",
+    "embedding_api_key",
+    "llm_timeout",
+    "llm_max_retries",
+    "llm_response_format",
+    "local_threads",
+    "local_context",
+)
+
+
+def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from sync code, even when this thread runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(factory())  # type: ignore[arg-type]
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relevancy-tracer-sync") as pool:
+        return pool.submit(lambda: asyncio.run(factory())).result()  # type: ignore[arg-type]
+
+
+def prepare_inputs(question: Any, answer: Any, contexts: Any, settings: Settings) -> tuple[str, str, Optional[list[str]], bool]:
+    """Check and normalise inputs: (question, answer, contexts, truncated).
+
+    Question and answer must be non-empty ``str`` (bytes, dicts, numbers and None are rejected
+    with status ``invalid_input``; decoding bytes would be a guess). Texts longer than the
+    budgets are cut. Contexts are recorded only, so anything usable is kept: a str becomes a
+    one-item list and non-str items are converted with ``str``.
+    """
+    for name, value in (("question", question), ("answer", answer)):
+        if value is None:
+            raise EvaluationError(Status.INVALID_INPUT, f"{name} is None")
+        if not isinstance(value, str):
+            raise EvaluationError(Status.INVALID_INPUT, f"{name} must be str, not {type(value).__name__}")
+        if not value.strip():
+            raise EvaluationError(Status.INVALID_INPUT, f"{name} is empty")
+    question, answer = question.strip(), answer.strip()
+    truncated = False
+    if len(question) > settings.max_question_chars:
+        question, truncated = question[: settings.max_question_chars], True
+    if len(answer) > settings.max_answer_chars:
+        answer, truncated = answer[: settings.max_answer_chars], True
+    context_list: Optional[list[str]] = None
+    if contexts is not None:
+        items = [contexts] if isinstance(contexts, str) else contexts
+        try:
+            context_list = [item if isinstance(item, str) else str(item) for item in items]
+        except TypeError:
+            context_list = [str(contexts)]
+    return question, answer, context_list, truncated
+
+
+class Engine:
+    """Scores answer relevancy with one set of settings and model backends.
+
+    Args:
+        settings: resolved settings (default: ``Settings.resolve()``, i.e. environment).
+        models: backends to use instead of building them from ``settings`` (tests, custom models).
+
+    Backends are built lazily on first use. Per-call overrides of metric settings (strictness,
+    method, noncommittal, generation, thresholds, ...) are cheap; overriding a model setting
+    builds backends for that call (local models are still loaded only once per process).
+    """
+
+    def __init__(self, settings: Optional[Settings] = None, *, models: Optional[Models] = None):
+        self.settings = settings or Settings.resolve()
+        self._models = models
+        self._cache = StepCache()
+
+    @property
+    def models(self) -> Models:
+        """The backends (built on first access)."""
+        if self._models is None:
+            self._models = build_models(self.settings)
+        return self._models
+
+    def _models_for(self, settings: Settings) -> Models:
+        if all(getattr(settings, f) == getattr(self.settings, f) for f in MODEL_FIELDS):
+            return self.models
+        return build_models(settings)
+
+    def settings_for(self, overrides: dict[str, Any]) -> Settings:
+        """Settings with per-call ``overrides`` (raises TypeError/ValueError on bad ones)."""
+        return self.settings.replace(**overrides) if overrides else self.settings
+
+    async def ascore(
+        self,
+        question: Any,
+        answer: Any,
+        contexts: Any = None,
+        *,
+        timeout: Optional[float] = None,
+        **overrides: Any,
+    ) -> RelevancyResult:
+        """Score one (question, answer); never raises for bad data or model failures.
+
+        Args:
+            question, answer: the user's question and the app's answer (non-empty str).
+            contexts: retrieved passages (list[str]); recorded, not used by the score.
+            timeout: seconds for the whole evaluation (status ``timeout`` when exceeded).
+            **overrides: per-call settings (``strictness=5``, ``method="direct"``, ...).
+
+        Returns:
+            A :class:`RelevancyResult` with ``status == "scored"`` and a finite score, or a
+            named failure status, message and no score.
+
+        Raises:
+            TypeError, ValueError: an unknown override name or an out-of-range override value.
+        """
+        settings = self.settings_for(overrides)
+        started = time.perf_counter()
+        usage = Usage()
+        models: Optional[Models] = None
+        q = a = None
+        ctxs: Optional[list[str]] = None
+        truncated = False
+        try:
+            q, a, ctxs, truncated = prepare_inputs(question, answer, contexts, settings)
+            models = self._models_for(settings)
+            context = EvalContext(question=q, answer=a, settings=settings, models=models, usage=usage, cache=self._cache)
+            method = METHODS[settings.method]
+            if timeout is not None:
+                output = await asyncio.wait_for(method(context), timeout)
+            else:
+                output = await method(context)
+            label, explanation = label_for(output.score, settings.thresholds)
+            result = RelevancyResult(
+                score=float(output.score),
+                label=label,
+                explanation=explanation,
+                status=Status.SCORED,
+                method=settings.method,
+                generated_questions=output.generated_questions,
+                similarities=output.similarities,
+                noncommittal=output.noncommittal,
+                components=output.components or {settings.method: float(output.score)},
+                failed_components=output.failed_components,
+                sub_questions=output.sub_questions,
+                sub_questions_addressed=output.sub_questions_addressed,
+                intent=output.intent,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every failure becomes a result; nothing escapes to the caller
+            status, message = failure_of(exc)
+            if status == Status.INTERNAL_ERROR:
+                logger.exception("relevancy-tracer: internal error while scoring")
+            result = RelevancyResult.failure(status, message, method=settings.method)
+        result.strictness = settings.strictness
+        result.llm_model = models.llm.name if models else settings.resolved_llm_model
+        result.embedding_model = (models.embedder.name if models and models.embedder else settings.resolved_embedding_model)
+        result.input_tokens = usage.input_tokens
+        result.output_tokens = usage.output_tokens
+        result.llm_calls = usage.llm_calls
+        result.latency_ms = (time.perf_counter() - started) * 1000.0
+        result.truncated = truncated
+        result.question, result.answer, result.contexts = q, a, ctxs
+        return result
+
+    def score(self, question: Any, answer: Any, contexts: Any = None, **overrides: Any) -> RelevancyResult:
+        """Blocking :meth:`ascore` (works inside a running event loop too)."""
+        return run_sync(lambda: self.ascore(question, answer, contexts, **overrides))
+
+    async def aevaluate(
+        self,
+        rows: Iterable[Any],
+        *,
+        concurrency: Optional[int] = None,
+        on_result: Optional[Callable[[int, RelevancyResult], None]] = None,
+        mapping: Any = None,
+        **overrides: Any,
+    ) -> list[RelevancyResult]:
+        """Score many rows concurrently, at most ``concurrency`` at once; results in row order.
+
+        ``rows``: dicts (or a pandas DataFrame) with question/answer/contexts columns, or the
+        RAGAS names user_input/response/retrieved_contexts; ``mapping`` (a
+        :class:`~relevancy_tracer.dataset.ColumnMapping`) picks other columns or dotted paths.
+        A row that cannot be read gets status ``invalid_input``. ``on_result(index, result)`` is
+        called as each row finishes.
+        """
+        from ..dataset import ColumnMapping, iter_rows
+
+        settings = self.settings_for(overrides)
+        mapping = mapping or ColumnMapping()
+        limit = asyncio.Semaphore(concurrency or settings.concurrency)
+        items = list(iter_rows(rows))
+
+        async def one(index: int, row: Any) -> RelevancyResult:
+            async with limit:
+                try:
+                    question, answer, contexts = mapping.extract(row)
+                except Exception as exc:
+                    result = RelevancyResult.failure(Status.INVALID_INPUT, f"row {index}: {exc}", method=settings.method)
+                else:
+                    result = await self.ascore(question, answer, contexts, **overrides)
+            if on_result is not None:
+                on_result(index, result)
+            return result
+
+        return list(await asyncio.gather(*(one(i, row) for i, row in enumerate(items))))
+
+    def evaluate(
+        self,
+        rows: Iterable[Any],
+        *,
+        concurrency: Optional[int] = None,
+        as_dataframe: bool = False,
+        mapping: Any = None,
+        **overrides: Any,
+    ) -> Any:
+        """Blocking :meth:`aevaluate`. With ``as_dataframe=True`` returns a pandas DataFrame
+        (one row per input, columns of :meth:`RelevancyResult.to_dict`); needs pandas."""
+        results = run_sync(lambda: self.aevaluate(rows, concurrency=concurrency, mapping=mapping, **overrides))
+        if not as_dataframe:
+            return results
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError("as_dataframe=True needs pandas: pip install 'relevancy-tracer[pandas]'") from exc
+        return pd.DataFrame([r.to_dict(include_inputs=True) for r in results])

@@ -1,0 +1,372 @@
+"""The relevancy methods: RAGAS answer relevancy and seed 000's alternatives, and their combination.
+
+Every method is ``async def method(ctx: EvalContext) -> MethodOutput`` and raises
+:class:`~relevancy_tracer.result.EvaluationError` (a named failure) or
+:class:`~relevancy_tracer.models.base.ModelError`; the engine turns both into results.
+
+=================  ======================================================  ================
+method             score                                                   LLM calls
+=================  ======================================================  ================
+``ragas``          mean cosine(E(generated_i), E(question)) under the      1 (joint) or N
+                   noncommittal rule (RAGAS; seeds 001, 002, 004, 003)     + 1 embeddings
+``llm_similarity`` mean LLM-rated similarity of generated_i to the          2 (joint)
+                   question on seed 000's 0/0.25/0.5/0.75/1 scale
+``direct``         LLM score 0-10 / 10 of how well the answer addresses    1
+                   the question (seed 000)
+``decomposition``  share of the question's sub-questions the answer        1 (+1 per new
+                   addresses (seed 000)                                    question, cached)
+``intent``         LLM score 0-10 / 10 of how well the answer fulfils the  1 (+1 per new
+                   question's stated intent (seed 000)                     question, cached)
+``combined``       weighted mean of components, weights renormalised over  sum of components
+                   the ones that succeeded (seed 000: 0.3/0.25/0.25/0.2)
+=================  ======================================================  ================
+
+Question-only steps (decomposition into sub-questions, the intent statement) depend on the
+question alone, so they are cached per (model, question): production traffic repeats questions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Optional
+
+import numpy as np
+
+from ..config import Settings
+from ..models.base import ModelError, Models
+from ..result import EvaluationError, Status, Usage
+from . import prompts
+from .parsing import ReplyError, ask_json, read_flag, read_number
+
+QUESTION_TOKENS = 48  # max output tokens budgeted per generated question (plus JSON overhead)
+
+
+@dataclass
+class MethodOutput:
+    """What a method computed; the engine adds label, usage and timing."""
+
+    score: float
+    generated_questions: list[str] = field(default_factory=list)
+    similarities: list[float] = field(default_factory=list)
+    noncommittal: list[bool] = field(default_factory=list)
+    components: dict[str, float] = field(default_factory=dict)
+    failed_components: dict[str, str] = field(default_factory=dict)
+    sub_questions: list[str] = field(default_factory=list)
+    sub_questions_addressed: list[bool] = field(default_factory=list)
+    intent: Optional[str] = None
+
+
+class StepCache:
+    """A bounded LRU of question-only step results, keyed by (step, model, question)."""
+
+    def __init__(self, maxsize: int = 2048):
+        self._data: "OrderedDict[tuple, Any]" = OrderedDict()
+        self._maxsize = maxsize
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> Any:
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key]
+        return None
+
+    def put(self, key: tuple, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self._maxsize:
+                self._data.popitem(last=False)
+
+
+@dataclass
+class EvalContext:
+    """One evaluation's inputs, settings, backends, usage counter and per-evaluation memo."""
+
+    question: str
+    answer: str
+    settings: Settings
+    models: Models
+    usage: Usage
+    cache: StepCache
+    _memo: dict = field(default_factory=dict)
+
+    def once(self, key: str, factory: Callable[[], Awaitable[Any]]) -> "asyncio.Future[Any]":
+        """Run ``factory()`` once per evaluation (e.g. question generation shared by two methods)."""
+        task = self._memo.get(key)
+        if task is None:
+            task = self._memo[key] = asyncio.ensure_future(factory())
+        return task
+
+    async def ask(self, messages: list, schema: dict, validate: Callable[[Any], Any], *, max_tokens: int, temperature: float = 0.0, seed: Optional[int] = None) -> Any:
+        return await ask_json(
+            self.models.llm,
+            messages,
+            schema,
+            validate,
+            usage=self.usage,
+            retries=self.settings.json_retries,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
+
+    async def cached(self, step: str, factory: Callable[[], Awaitable[Any]]) -> Any:
+        key = (step, self.models.llm.name, self.question)
+        value = self.cache.get(key)
+        if value is None:
+            value = await factory()
+            self.cache.put(key, value)
+        return value
+
+
+def failure_of(exc: BaseException) -> tuple[str, str]:
+    """(status, message) of an exception raised while evaluating."""
+    if isinstance(exc, EvaluationError):
+        return exc.status, exc.message
+    if isinstance(exc, ModelError):
+        return Status.MODEL_ERROR, str(exc)
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return Status.TIMEOUT, "the evaluation timed out"
+    return Status.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------------- validators
+
+
+def _question_item(item: Any) -> tuple[str, bool]:
+    if not isinstance(item, dict):
+        raise ReplyError(f"expected an object with question and noncommittal, got {item!r}")
+    text = item.get("question")
+    if not isinstance(text, str) or not text.strip():
+        raise ReplyError(f"empty or missing question in {item!r}", Status.TOO_FEW_QUESTIONS)
+    if "noncommittal" not in item:
+        raise ReplyError(f"missing noncommittal flag in {item!r}")
+    return text.strip(), read_flag(item["noncommittal"])
+
+
+def _questions_validator(n: int) -> Callable[[Any], tuple[list[str], list[bool]]]:
+    """Validates ``{"questions": [...], "noncommittal": [...]}`` (also a list of
+    ``{"question", "noncommittal"}`` objects, the RAGAS shape some models prefer)."""
+
+    def validate(data: Any) -> tuple[list[str], list[bool]]:
+        if isinstance(data, dict) and isinstance(data.get("questions"), list) and isinstance(data.get("noncommittal"), list):
+            texts, flags = data["questions"], data["noncommittal"]
+            if len(flags) < min(len(texts), n):
+                raise ReplyError(f"{len(texts)} questions but {len(flags)} noncommittal flags")
+            pairs = list(zip(texts, flags))
+        else:
+            items = data.get("questions") if isinstance(data, dict) else data
+            if not isinstance(items, list):
+                raise ReplyError('expected {"questions": [...], "noncommittal": [...]}')
+            pairs = [(item.get("question"), item.get("noncommittal")) if isinstance(item, dict) else (None, None) for item in items]
+        parsed = [(text.strip(), read_flag(flag)) for text, flag in pairs if isinstance(text, str) and text.strip()]
+        if len(parsed) < n:
+            raise ReplyError(f"{len(parsed)} usable question(s), {n} asked for", Status.TOO_FEW_QUESTIONS)
+        parsed = parsed[:n]
+        return [q for q, _ in parsed], [f for _, f in parsed]
+
+    return validate
+
+
+def _score_0_10(data: Any) -> float:
+    if not isinstance(data, dict) or "score" not in data:
+        raise ReplyError('expected {"score": <0-10>}', Status.UNREADABLE_SCORE)
+    return read_number(data["score"], 0, 10) / 10.0
+
+
+# ---------------------------------------------------------------------------- question generation
+
+
+async def generate_questions(ctx: EvalContext) -> tuple[list[str], list[bool]]:
+    """N questions reverse-generated from the answer, each with a noncommittal flag."""
+    n = ctx.settings.strictness
+    if ctx.settings.generation == "joint":
+        return await ctx.ask(
+            prompts.joint_questions(ctx.answer, n),
+            prompts.questions_schema(n),
+            _questions_validator(n),
+            max_tokens=QUESTION_TOKENS * n + 32,
+            temperature=ctx.settings.temperature,
+        )
+    temperature = max(ctx.settings.temperature, 0.7)  # N identical greedy questions would be pointless
+
+    async def one(i: int) -> tuple[str, bool]:
+        return await ctx.ask(
+            prompts.single_question(ctx.answer),
+            prompts.QUESTION_SCHEMA,
+            _question_item,
+            max_tokens=QUESTION_TOKENS + 24,
+            temperature=temperature,
+            seed=1000 + i,
+        )
+
+    pairs = await asyncio.gather(*(one(i) for i in range(n)))
+    return [q for q, _ in pairs], [f for _, f in pairs]
+
+
+def _questions(ctx: EvalContext) -> "asyncio.Future[tuple[list[str], list[bool]]]":
+    return ctx.once("questions", lambda: generate_questions(ctx))
+
+
+async def embedding_similarities(ctx: EvalContext, generated: list[str]) -> np.ndarray:
+    """Cosine similarity of each generated question to the original: ONE embeddings request.
+
+    Raises EvaluationError(``embedding_error``) for a wrong vector count, or a zero or NaN vector.
+    """
+    embedder = ctx.models.embedder
+    if embedder is None:
+        raise EvaluationError(Status.EMBEDDING_ERROR, "no embedding model configured")
+    reply = await embedder.embed([ctx.question] + list(generated))
+    ctx.usage.add(embedding_calls=1)
+    vectors = np.asarray(reply.vectors, dtype=np.float32)
+    expected = len(generated) + 1
+    if vectors.ndim != 2 or vectors.shape[0] != expected:
+        raise EvaluationError(Status.EMBEDDING_ERROR, f"embeddings reply has {vectors.shape[0] if vectors.ndim else 0} vector(s); {expected} were sent")
+    if not np.all(np.isfinite(vectors)):
+        raise EvaluationError(Status.EMBEDDING_ERROR, "embeddings reply holds NaN or infinite values")
+    norms = np.linalg.norm(vectors, axis=1)
+    if np.any(norms < 1e-12):
+        raise EvaluationError(Status.EMBEDDING_ERROR, "embeddings reply holds a zero vector")
+    unit = vectors / norms[:, None]
+    return np.clip(unit[1:] @ unit[0], -1.0, 1.0)
+
+
+def apply_noncommittal(similarities: np.ndarray, noncommittal: list[bool], rule: str) -> float:
+    """The score from per-question similarities under a noncommittal rule.
+
+    ``all`` (RAGAS >= 0.2): 0 when every generation is noncommittal, else the mean;
+    ``any`` (RAGAS 0.1): 0 when any generation is noncommittal, else the mean;
+    ``per_question`` (seed 003): mean of similarity_i * (1 - noncommittal_i).
+    """
+    sims = np.asarray(similarities, dtype=np.float64)
+    flags = np.asarray(noncommittal, dtype=bool)
+    if rule == "per_question":
+        return float(np.mean(sims * (~flags)))
+    if rule == "any":
+        return 0.0 if flags.any() else float(sims.mean())
+    return 0.0 if flags.all() else float(sims.mean())
+
+
+# ---------------------------------------------------------------------------- methods
+
+
+async def ragas(ctx: EvalContext) -> MethodOutput:
+    """RAGAS answer relevancy: mean cosine similarity of reverse-generated questions (seeds 001/002/004)."""
+    questions, flags = await _questions(ctx)
+    sims = await embedding_similarities(ctx, questions)
+    score = apply_noncommittal(sims, flags, ctx.settings.noncommittal)
+    return MethodOutput(score=score, generated_questions=questions, similarities=[float(s) for s in sims], noncommittal=flags)
+
+
+async def llm_similarity(ctx: EvalContext) -> MethodOutput:
+    """Reverse-generated questions rated for similarity by the LLM on seed 000's scale."""
+    questions, flags = await _questions(ctx)
+    n = len(questions)
+
+    def validate(data: Any) -> list[float]:
+        ratings = data.get("ratings") if isinstance(data, dict) else data
+        if not isinstance(ratings, list) or len(ratings) != n:
+            raise ReplyError(f"expected {n} ratings, got {ratings!r}", Status.UNREADABLE_SCORE)
+        return [read_number(r, 0.0, 1.0) for r in ratings]
+
+    ratings = await ctx.ask(prompts.similarity_ratings(ctx.question, questions), prompts.similarity_schema(n), validate, max_tokens=12 * n + 24)
+    score = apply_noncommittal(np.asarray(ratings), flags, ctx.settings.noncommittal)
+    return MethodOutput(score=score, generated_questions=questions, similarities=ratings, noncommittal=flags)
+
+
+async def direct(ctx: EvalContext) -> MethodOutput:
+    """The LLM scores how well the answer addresses the question (seed 000), 0-10 -> [0, 1]."""
+    score = await ctx.ask(prompts.direct_score(ctx.question, ctx.answer), prompts.SCORE_SCHEMA, _score_0_10, max_tokens=16)
+    return MethodOutput(score=score)
+
+
+async def decomposition(ctx: EvalContext) -> MethodOutput:
+    """Share of the question's sub-questions (information needs) the answer addresses (seed 000)."""
+
+    def validate_subs(data: Any) -> tuple[str, ...]:
+        items = data.get("sub_questions") if isinstance(data, dict) else data
+        if not isinstance(items, list):
+            raise ReplyError('expected {"sub_questions": [...]}')
+        subs = tuple(s.strip() for s in items if isinstance(s, str) and s.strip())
+        if not subs:
+            raise ReplyError("no sub-question")
+        return subs[:5]
+
+    subs = await ctx.cached("decompose", lambda: ctx.ask(prompts.decompose(ctx.question), prompts.DECOMPOSE_SCHEMA, validate_subs, max_tokens=160))
+    k = len(subs)
+
+    def validate_cover(data: Any) -> list[bool]:
+        flags = data.get("addressed") if isinstance(data, dict) else data
+        if not isinstance(flags, list) or len(flags) != k:
+            raise ReplyError(f"expected {k} true/false values, got {flags!r}")
+        return [read_flag(f) for f in flags]
+
+    addressed = await ctx.ask(prompts.coverage(ctx.answer, subs), prompts.coverage_schema(k), validate_cover, max_tokens=8 * k + 16)
+    return MethodOutput(score=sum(addressed) / k, sub_questions=list(subs), sub_questions_addressed=addressed)
+
+
+async def intent(ctx: EvalContext) -> MethodOutput:
+    """The question's intent is stated, then the answer's fulfilment of it is scored (seed 000)."""
+
+    def validate_intent(data: Any) -> str:
+        text = data.get("intent") if isinstance(data, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            raise ReplyError('expected {"intent": "..."}')
+        return text.strip()
+
+    stated = await ctx.cached("intent", lambda: ctx.ask(prompts.intent(ctx.question), prompts.INTENT_SCHEMA, validate_intent, max_tokens=80))
+    score = await ctx.ask(prompts.fulfilment(ctx.question, ctx.answer, stated), prompts.SCORE_SCHEMA, _score_0_10, max_tokens=16)
+    return MethodOutput(score=score, intent=stated)
+
+
+async def combined(ctx: EvalContext) -> MethodOutput:
+    """Weighted mean of component methods; weights renormalised over the components that succeeded.
+
+    Default weights are seed 000's (ragas 0.3, direct 0.25, decomposition 0.25, intent 0.2).
+    Components run concurrently; every component's score is kept, failures are recorded in
+    ``failed_components``. Fails only when every component failed.
+    """
+    weights = [(name, w) for name, w in ctx.settings.combined_weights if w > 0]
+    outcomes = await asyncio.gather(*(COMPONENTS[name](ctx) for name, _ in weights), return_exceptions=True)
+    merged = MethodOutput(score=0.0)
+    total = 0.0
+    first_failure: Optional[BaseException] = None
+    for (name, weight), outcome in zip(weights, outcomes):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):
+                raise outcome  # cancellation and exits propagate
+            merged.failed_components[name] = failure_of(outcome)[0]
+            first_failure = first_failure or outcome
+            continue
+        merged.components[name] = outcome.score
+        merged.score += weight * outcome.score
+        total += weight
+        if outcome.generated_questions and not merged.generated_questions:
+            merged.generated_questions = outcome.generated_questions
+            merged.noncommittal = outcome.noncommittal
+        if name == "ragas" or (outcome.similarities and not merged.similarities):
+            merged.similarities = outcome.similarities
+        if outcome.sub_questions:
+            merged.sub_questions, merged.sub_questions_addressed = outcome.sub_questions, outcome.sub_questions_addressed
+        if outcome.intent:
+            merged.intent = outcome.intent
+    if total == 0.0:
+        assert first_failure is not None
+        raise first_failure
+    merged.score /= total
+    return merged
+
+
+COMPONENTS: dict[str, Callable[[EvalContext], Awaitable[MethodOutput]]] = {
+    "ragas": ragas,
+    "llm_similarity": llm_similarity,
+    "direct": direct,
+    "decomposition": decomposition,
+    "intent": intent,
+}
+
+METHODS: dict[str, Callable[[EvalContext], Awaitable[MethodOutput]]] = {**COMPONENTS, "combined": combined}

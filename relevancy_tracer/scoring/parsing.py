@@ -1,0 +1,126 @@
+"""Robust parsing of model replies and the re-ask loop for malformed ones.
+
+Models wrap JSON in code fences, add prose around it, or reply with something else entirely.
+:func:`extract_json` finds the first JSON object or array in a reply; :func:`ask_json` sends a
+prompt, validates the parsed reply, and re-asks (showing the model its bad reply and what was
+wrong) up to ``retries`` times before failing with a named status.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Callable, Optional, Sequence
+
+from ..models.base import ChatModel
+from ..result import EvaluationError, Status, Usage
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+_DECODER = json.JSONDecoder()
+_NUMBER = re.compile(r"\s*([-+]?\d+(?:\.\d+)?)\s*(?:/\s*\d+(?:\.\d+)?)?\s*")
+
+
+class ReplyError(ValueError):
+    """A reply that parsed but does not hold what was asked; ``status`` names the failure."""
+
+    def __init__(self, message: str, status: str = Status.INVALID_JSON):
+        super().__init__(message)
+        self.status = status
+
+
+def extract_json(text: str) -> Any:
+    """The first JSON object or array in ``text`` (code fences and surrounding prose allowed).
+
+    Raises :class:`ReplyError` (status ``invalid_json``) when there is none.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ReplyError("the reply is empty")
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    for candidate in candidates:
+        candidate = candidate.strip()
+        try:
+            return json.loads(candidate)
+        except ValueError:
+            pass
+        for match in re.finditer(r"[\[{]", candidate):
+            try:
+                value, _ = _DECODER.raw_decode(candidate, match.start())
+            except ValueError:
+                continue
+            return value
+    raise ReplyError(f"no JSON object in the reply: {text[:200]!r}")
+
+
+def read_flag(value: Any) -> bool:
+    """A 0/1 flag as models write it: 0/1, true/false, "0"/"1", "yes"/"no". Raises ReplyError."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("0", "1", "true", "false", "yes", "no"):
+        return value.strip().lower() in ("1", "true", "yes")
+    raise ReplyError(f"not a 0/1 flag: {value!r}")
+
+
+def read_number(value: Any, low: float, high: float) -> float:
+    """A number in [low, high] from a reply value (number, or a string holding exactly one).
+
+    Anything else, e.g. "N/A", "high", two numbers, or an out-of-range value, raises
+    :class:`ReplyError` with status ``unreadable_score``: an unreadable score is a named
+    failure, never a silent 0.5 (the fallback of seed 000's sketch).
+    """
+    number: Optional[float] = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        # exactly one number, optionally "of" a scale: "0.8", " 7 ", "8/10"
+        match = _NUMBER.fullmatch(value)
+        number = float(match.group(1)) if match else None
+    if number is None or not math.isfinite(number):
+        raise ReplyError(f"not a number: {value!r}", Status.UNREADABLE_SCORE)
+    if not low <= number <= high:
+        raise ReplyError(f"{number} is outside [{low}, {high}]", Status.UNREADABLE_SCORE)
+    return number
+
+
+async def ask_json(
+    llm: ChatModel,
+    messages: Sequence[dict],
+    schema: dict,
+    validate: Callable[[Any], Any],
+    *,
+    usage: Usage,
+    retries: int,
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: Optional[int] = None,
+) -> Any:
+    """Ask ``llm`` for JSON, parse and ``validate`` it, re-asking a bad reply up to ``retries`` times.
+
+    ``validate(parsed)`` returns the value to use or raises :class:`ReplyError` (any
+    ``ValueError``/``TypeError``/``KeyError`` counts as a malformed reply too). Every request's
+    tokens are added to ``usage``. After the last attempt raises :class:`EvaluationError` with the
+    last error's status (``invalid_json`` or ``unreadable_score``). Model failures propagate as
+    :class:`~relevancy_tracer.models.base.ModelError`.
+    """
+    conversation = list(messages)
+    last_error: Exception = ReplyError("no reply")
+    for _ in range(retries + 1):
+        reply = await llm.chat_json(conversation, schema, max_tokens=max_tokens, temperature=temperature, seed=seed)
+        usage.add(reply.input_tokens, reply.output_tokens, llm_calls=1)
+        try:
+            return validate(extract_json(reply.text))
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            last_error = exc
+            hint = " (it was cut off: be shorter)" if reply.finish_reason == "length" else ""
+            conversation = list(messages) + [
+                {"role": "assistant", "content": reply.text[:2000]},
+                {
+                    "role": "user",
+                    "content": f"That reply is not usable: {exc}{hint}. Reply again with only a JSON object "
+                    f"matching this JSON schema: {json.dumps(schema, separators=(',', ':'))}",
+                },
+            ]
+    status = getattr(last_error, "status", Status.INVALID_JSON)
+    raise EvaluationError(status, f"no usable reply after {retries + 1} attempt(s): {last_error}")
