@@ -297,10 +297,6 @@ class Settings:
                 values[spec.name] = value
         values.setdefault("llm", "local" if _local_llm_installed() else "openai")
         values.setdefault("embeddings", "local" if _local_embeddings_installed() else "openai")
-        if values.get("embedding_api_key") is None and values.get("embeddings") == "openai":
-            values["embedding_api_key"] = values.get("llm_api_key")
-        if values.get("embedding_base_url") is None and values.get("embeddings") == "openai" and values.get("llm") == "openai":
-            values["embedding_base_url"] = values.get("llm_base_url")
         return cls(**values)
 
     def replace(self, **changes: Any) -> "Settings":
@@ -323,6 +319,18 @@ class Settings:
         if self.llm_model:
             return self.llm_model
         return "qwen2.5-coder-1.5b" if self.llm == "local" else "gpt-4o-mini"
+
+    @property
+    def resolved_embedding_base_url(self) -> Optional[str]:
+        """Embeddings endpoint: ``embedding_base_url``, else the chat endpoint when both are openai."""
+        if self.embedding_base_url or self.llm != "openai":
+            return self.embedding_base_url
+        return self.llm_base_url
+
+    @property
+    def resolved_embedding_api_key(self) -> Optional[str]:
+        """Embeddings key: ``embedding_api_key``, else ``llm_api_key``."""
+        return self.embedding_api_key or self.llm_api_key
 
     @property
     def resolved_embedding_model(self) -> str:
@@ -385,5 +393,19 @@ def settings_table() -> str:
         else:
             default_doc = str(default).lower() if isinstance(default, bool) else str(default)
         env_doc = f"`{spec.env}`" if spec.env else "(argument only)"
-        rows.append(f"| `{spec.name}` | {env_doc} | {spec.type_doc} | {spec.unit or '-'} | {default_doc} | {spec.doc} |")
+        cells = [f"`{spec.name}`", env_doc, spec.type_doc, spec.unit or "-", default_doc, spec.doc]
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m relevancy_tracer.config --update-readme README.md
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--update-readme":
+        text = open(sys.argv[2], encoding="utf-8").read()
+        start, end = "<!-- settings-table -->\n", "<!-- /settings-table -->"
+        head, _, rest = text.partition(start)
+        _, _, tail = rest.partition(end)
+        open(sys.argv[2], "w", encoding="utf-8").write(head + start + settings_table() + "\n" + end + tail)
+    else:
+        print(settings_table())

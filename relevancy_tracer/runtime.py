@@ -45,6 +45,14 @@ def set_settings(settings: Settings) -> None:
         _engine = Engine(settings)
 
 
+def reset() -> None:
+    """Forget the settings and engine; the next use resolves them from the environment again."""
+    global _settings, _engine
+    with _lock:
+        _settings = None
+        _engine = None
+
+
 def resolve(**overrides: Any) -> Settings:
     """Settings resolved from the environment with ``overrides`` (raises on bad overrides)."""
     return Settings.resolve(**overrides)

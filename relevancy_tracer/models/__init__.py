@@ -58,8 +58,8 @@ def build_embedder(settings: Settings) -> Embedder:
 
     return OpenAIEmbedder(
         settings.resolved_embedding_model,
-        base_url=settings.embedding_base_url,
-        api_key=settings.embedding_api_key,
+        base_url=settings.resolved_embedding_base_url,
+        api_key=settings.resolved_embedding_api_key,
         timeout=settings.llm_timeout,
         max_retries=settings.llm_max_retries,
     )

@@ -8,11 +8,11 @@ in the call itself (an unknown setting name, a setting value out of range) raise
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
 
+from .._loop import BackgroundLoop
 from ..config import Settings
 from ..models import build_models
 from ..models.base import Models
@@ -41,14 +41,16 @@ MODEL_FIELDS = (
 )
 
 
+_sync_loop = BackgroundLoop("relevancy-tracer-sync")
+
+
 def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to completion from sync code, even when this thread runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(factory())  # type: ignore[arg-type]
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relevancy-tracer-sync") as pool:
-        return pool.submit(lambda: asyncio.run(factory())).result()  # type: ignore[arg-type]
+    """Run a coroutine to completion from sync code (also from inside a running event loop).
+
+    The coroutine runs on one long-lived background loop, so HTTP clients keep their
+    connection pools between calls.
+    """
+    return _sync_loop.run(factory)
 
 
 def prepare_inputs(question: Any, answer: Any, contexts: Any, settings: Settings) -> tuple[str, str, Optional[list[str]], bool]:

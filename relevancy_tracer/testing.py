@@ -1,0 +1,360 @@
+"""A scriptable OpenAI-compatible HTTP server on 127.0.0.1, for tests and benchmarks.
+
+Serves ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``GET /v1/models`` over real
+HTTP/1.1 (keep-alive), so the ``openai`` client's timeouts, retries and connection handling are
+exercised for real. Replies are either scripted (a queue per endpoint) or produced by default
+responders that understand this package's prompts. Every request body is recorded.
+
+Example::
+
+    with FakeOpenAIServer() as server:
+        server.chat.push(Status(429), '{"questions": [...], "noncommittal": [0, 0, 0]}')
+        relevancy_tracer.score(q, a, llm="openai", llm_base_url=server.base_url, ...)
+        assert len(server.requests_to("chat")) == 2
+
+Script items: a ``str`` (200 with that message content), :class:`Status` (an HTTP error),
+:class:`Delay` (wait, then another item), :class:`Drop` (close the connection without a reply),
+:class:`Hang` (never reply until the server stops), :class:`Raw` (a 200 with any JSON body).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import re
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Optional, Union
+
+_TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+def count_tokens(text: str) -> int:
+    """A tokenizer-free token count (words and punctuation), used for usage figures."""
+    return len(_TOKEN.findall(text or ""))
+
+
+@dataclass
+class Status:
+    """Reply with HTTP ``code`` and an OpenAI-style error body."""
+
+    code: int
+    message: str = "scripted error"
+    headers: dict = field(default_factory=dict)
+
+
+@dataclass
+class Delay:
+    """Wait ``seconds``, then serve ``then`` (default: the default responder)."""
+
+    seconds: float
+    then: Any = None
+
+
+@dataclass
+class Drop:
+    """Close the connection without sending a response."""
+
+
+@dataclass
+class Hang:
+    """Never reply (until the server stops)."""
+
+
+@dataclass
+class Raw:
+    """Reply 200 with this JSON body as is (for malformed or unusual replies)."""
+
+    body: Any
+
+
+ScriptItem = Union[str, Status, Delay, Drop, Hang, Raw]
+
+
+class Script:
+    """A thread-safe queue of scripted replies for one endpoint; empty means default replies."""
+
+    def __init__(self) -> None:
+        self._items: deque = deque()
+        self._lock = threading.Lock()
+
+    def push(self, *items: ScriptItem) -> None:
+        with self._lock:
+            self._items.extend(items)
+
+    def pop(self) -> Optional[ScriptItem]:
+        with self._lock:
+            return self._items.popleft() if self._items else None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+# ------------------------------------------------------------------------------- default replies
+
+
+def _user_text(body: dict) -> str:
+    messages = body.get("messages") or []
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else json.dumps(content)
+    return ""
+
+
+def _tagged(text: str, tag: str) -> str:
+    match = re.search(rf"<{tag}>\n?(.*?)\n?</{tag}>", text, re.DOTALL)
+    return match.group(1).strip() if match else ""
+
+
+def default_chat_reply(body: dict) -> str:
+    """A valid reply to any of this package's prompts (and ``{}`` to anything else).
+
+    Generated questions restate the answer's first sentence as a question, so the fake
+    embeddings give a complete, on-topic answer a higher similarity than an unrelated one.
+    """
+    text = _user_text(body)
+    answer = _tagged(text, "answer")
+    first = re.split(r"(?<=[.!?。])\s*", answer)[0].rstrip(".!?。") if answer else "this"
+    if '"noncommittal": [' in text:
+        n = int(re.search(r"write (\d+) different questions", text).group(1)) if re.search(r"write (\d+) different questions", text) else 3
+        evasive = bool(re.search(r"\b(don't know|not sure|no idea|cannot answer)\b", answer, re.I))
+        questions = [f"{prefix} {first}?" for prefix in ("What about", "Can you explain", "Tell me whether", "Is it true that", "Why")[:n]]
+        questions += [f"Question {i} about {first}?" for i in range(len(questions), n)]
+        return json.dumps({"questions": questions, "noncommittal": [int(evasive)] * n})
+    if '"question": "..."' in text:
+        return json.dumps({"question": f"What about {first}?", "noncommittal": 0})
+    if '"ratings"' in text:
+        n = len(re.findall(r"^\d+\. ", _tagged(text, "generated_questions"), re.M)) or 3
+        return json.dumps({"ratings": [0.75] * n})
+    if '"sub_questions"' in text:
+        return json.dumps({"sub_questions": [s.strip() + "?" for s in re.split(r"\band\b|,|\?", _tagged(text, "question")) if s.strip()][:5] or ["What is asked?"]})
+    if '"addressed"' in text:
+        n = len(re.findall(r"^\d+\. ", _tagged(text, "sub_questions"), re.M)) or 1
+        return json.dumps({"addressed": [True] * n})
+    if '"intent"' in text:
+        return json.dumps({"intent": "The asker wants the information the question names."})
+    if '"score"' in text:
+        return json.dumps({"score": 8})
+    return "{}"
+
+
+def hashed_embedding(text: str, dims: int = 64) -> list[float]:
+    """A deterministic bag-of-words embedding: texts sharing words get similar vectors."""
+    vector = [0.0] * dims
+    for word in re.findall(r"\w+", text.lower()):
+        digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
+        index = int.from_bytes(digest[:4], "little") % dims
+        vector[index] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector] if any(vector) else [1.0 / math.sqrt(dims)] * dims
+
+
+# ------------------------------------------------------------------------------- the server
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_Server"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def _send_json(self, code: int, body: Any, headers: Optional[dict] = None) -> None:
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, str(value))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        if self.path.rstrip("/").endswith("/models"):
+            self._send_json(200, {"object": "list", "data": [{"id": "fake-chat", "object": "model"}, {"id": "fake-embed", "object": "model"}]})
+        else:
+            self._send_json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        owner = self.server.owner
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            self._send_json(400, {"error": {"message": "invalid JSON body"}})
+            return
+        if self.path.rstrip("/").endswith("/chat/completions"):
+            kind = "chat"
+        elif self.path.rstrip("/").endswith("/embeddings"):
+            kind = "embeddings"
+        else:
+            self._send_json(404, {"error": {"message": f"unknown path {self.path}"}})
+            return
+        owner._record(kind, body, dict(self.headers))
+        owner._enter()
+        try:
+            self._serve(owner, kind, body)
+        finally:
+            owner._leave()
+
+    def _serve(self, owner: "FakeOpenAIServer", kind: str, body: dict) -> None:
+        script = owner.chat if kind == "chat" else owner.embeddings
+        item: Any = script.pop()
+        base_delay = owner.chat_delay if kind == "chat" else owner.embedding_delay
+        if base_delay:
+            owner._stopped.wait(base_delay)
+        while isinstance(item, Delay):
+            owner._stopped.wait(item.seconds)
+            item = item.then
+        if isinstance(item, Hang):
+            owner._stopped.wait()
+            self.close_connection = True
+            return
+        if isinstance(item, Drop):
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        if isinstance(item, Status):
+            self._send_json(item.code, {"error": {"message": item.message, "type": "scripted", "code": item.code}}, item.headers)
+            return
+        if isinstance(item, Raw):
+            self._send_json(200, item.body)
+            return
+        if kind == "chat":
+            self._send_json(200, owner._chat_response(body, item))
+        else:
+            self._send_json(200, owner._embedding_response(body))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    owner: "FakeOpenAIServer"
+
+
+class FakeOpenAIServer:
+    """An OpenAI-compatible server on 127.0.0.1 and a free port, in a background thread.
+
+    Args:
+        chat_delay, embedding_delay: seconds added to every chat / embeddings request
+            (the throughput benchmark uses 0.1 and 0.01).
+        chat_responder: ``fn(request_body) -> str`` for unscripted chat replies
+            (default :func:`default_chat_reply`).
+        embedder: ``fn(text) -> list[float]`` for unscripted embeddings
+            (default :func:`hashed_embedding`).
+
+    Attributes:
+        base_url: ``http://127.0.0.1:<port>/v1``. chat, embeddings: :class:`Script` queues.
+        requests: list of ``(kind, body)`` for every request received.
+        max_in_flight: the most requests the server was handling at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        chat_delay: float = 0.0,
+        embedding_delay: float = 0.0,
+        chat_responder: Optional[Callable[[dict], str]] = None,
+        embedder: Optional[Callable[[str], list[float]]] = None,
+    ):
+        self.chat_delay = chat_delay
+        self.embedding_delay = embedding_delay
+        self.chat_responder = chat_responder or default_chat_reply
+        self.embedder = embedder or hashed_embedding
+        self.chat = Script()
+        self.embeddings = Script()
+        self.requests: list[tuple[str, dict]] = []
+        self.headers: list[dict] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.owner = self
+        self.port = self._server.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread: Optional[threading.Thread] = None
+
+    # -- lifecycle
+    def start(self) -> "FakeOpenAIServer":
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-openai", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> "FakeOpenAIServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- inspection
+    def _record(self, kind: str, body: dict, headers: dict) -> None:
+        with self._lock:
+            self.requests.append((kind, body))
+            self.headers.append(headers)
+
+    def _enter(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
+    def requests_to(self, kind: str) -> list[dict]:
+        """Bodies of the requests received on ``chat`` or ``embeddings``."""
+        with self._lock:
+            return [body for k, body in self.requests if k == kind]
+
+    # -- responses
+    def _chat_response(self, body: dict, scripted: Optional[str]) -> dict:
+        n = int(body.get("n") or 1)
+        texts = [scripted if isinstance(scripted, str) else self.chat_responder(body) for _ in range(n)]
+        prompt_tokens = sum(count_tokens(m.get("content") if isinstance(m.get("content"), str) else json.dumps(m.get("content"))) for m in body.get("messages") or [])
+        return {
+            "id": f"chatcmpl-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "fake-chat"),
+            "choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"} for i, t in enumerate(texts)],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sum(count_tokens(t) for t in texts), "total_tokens": prompt_tokens + sum(count_tokens(t) for t in texts)},
+        }
+
+    def _embedding_response(self, body: dict) -> dict:
+        inputs = body.get("input")
+        texts = [inputs] if isinstance(inputs, str) else list(inputs or [])
+        vectors: list[Any] = [self.embedder(t if isinstance(t, str) else json.dumps(t)) for t in texts]
+        if body.get("encoding_format") == "base64":  # what openai 1.x clients ask for by default
+            vectors = [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode("ascii") for v in vectors]
+        tokens = sum(count_tokens(t) for t in texts if isinstance(t, str))
+        return {
+            "object": "list",
+            "model": body.get("model", "fake-embed"),
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }

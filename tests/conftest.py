@@ -1,0 +1,53 @@
+"""Shared fixtures: a real OpenAI-compatible server on 127.0.0.1 and engines pointed at it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from relevancy_tracer.config import Settings
+from relevancy_tracer.scoring.engine import Engine
+from relevancy_tracer.testing import FakeOpenAIServer
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("RELEVANCY_TRACER_SHARED", ROOT.parent / "shared"))
+WIKIEVAL = SHARED / "data" / "wikieval_dev.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never see the developer's RELEVANCY_TRACER_* / OPENAI_* settings."""
+    for name in list(os.environ):
+        if name.startswith("RELEVANCY_TRACER_") and name != "RELEVANCY_TRACER_CACHE_DIR":
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as fake:
+        yield fake
+
+
+def openai_settings(server: FakeOpenAIServer, **overrides: Any) -> Settings:
+    """Settings that send chat and embeddings to ``server`` (fast retries, short timeouts)."""
+    values: dict[str, Any] = dict(
+        llm="openai",
+        embeddings="openai",
+        llm_base_url=server.base_url,
+        llm_model="fake-chat",
+        embedding_model="fake-embed",
+        llm_timeout=5.0,
+        llm_max_retries=2,
+    )
+    values.update(overrides)
+    return Settings.resolve(**values)
+
+
+@pytest.fixture
+def engine(server: FakeOpenAIServer) -> Engine:
+    return Engine(openai_settings(server))

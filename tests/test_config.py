@@ -1,0 +1,75 @@
+"""Settings: argument > RELEVANCY_TRACER_* environment > default; bad env warns, bad argument raises."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from relevancy_tracer.config import FIELDS, Settings, settings_table
+
+from .conftest import ROOT
+
+
+def test_defaults():
+    settings = Settings.resolve(environ={})
+    assert settings.strictness == 3 and settings.noncommittal == "all" and settings.generation == "joint"
+    assert settings.thresholds == (0.8, 0.6, 0.4) and settings.attach == "answer_span" and settings.hold_timeout == 60.0
+
+
+def test_environment_overrides_default_and_argument_overrides_environment():
+    env = {"RELEVANCY_TRACER_STRICTNESS": "5", "RELEVANCY_TRACER_NONCOMMITTAL": "any", "RELEVANCY_TRACER_CAPTURE_CONTENT": "false"}
+    from_env = Settings.resolve(environ=env)
+    assert from_env.strictness == 5 and from_env.noncommittal == "any" and from_env.capture_content is False
+    assert Settings.resolve(environ=env, strictness=2).strictness == 2
+
+
+def test_openai_api_key_fallback_and_embedding_derivations():
+    settings = Settings.resolve(environ={"OPENAI_API_KEY": "sk-env", "RELEVANCY_TRACER_LLM": "openai", "RELEVANCY_TRACER_EMBEDDINGS": "openai", "RELEVANCY_TRACER_LLM_BASE_URL": "http://h/v1"})
+    assert settings.llm_api_key == "sk-env" and settings.resolved_embedding_api_key == "sk-env"
+    assert settings.resolved_embedding_base_url == "http://h/v1"
+    assert Settings.resolve(environ={"OPENAI_API_KEY": "sk-env", "RELEVANCY_TRACER_LLM_API_KEY": "sk-mine"}).llm_api_key == "sk-mine"
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("RELEVANCY_TRACER_STRICTNESS", "three"), ("RELEVANCY_TRACER_STRICTNESS", "0"), ("RELEVANCY_TRACER_METHOD", "magic"), ("RELEVANCY_TRACER_SAMPLE_RATIO", "1.5"), ("RELEVANCY_TRACER_ENABLED", "maybe"), ("RELEVANCY_TRACER_THRESHOLDS", "0.1,0.5")],
+)
+def test_bad_environment_value_warns_and_falls_back(caplog, name, value):
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        settings = Settings.resolve(environ={name: value})
+    default = Settings.resolve(environ={})
+    field = name.removeprefix("RELEVANCY_TRACER_").lower()
+    assert getattr(settings, field) == getattr(default, field)
+    assert name in caplog.text and "ignoring" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [({"strictness": 0}, ValueError), ({"strictness": "3"}, TypeError), ({"method": "magic"}, ValueError), ({"sample_ratio": 2.0}, ValueError), ({"enabled": "yes"}, TypeError), ({"thresholds": (0.4, 0.6, 0.8)}, ValueError), ({"sampler": 3}, TypeError), ({"unknown_setting": 1}, TypeError), ({"combined_weights": {"ragas": -1}}, ValueError)],
+)
+def test_bad_argument_raises(kwargs, error):
+    with pytest.raises(error):
+        Settings.resolve(environ={}, **kwargs)
+
+
+def test_replace_validates_and_settings_are_frozen():
+    settings = Settings.resolve(environ={})
+    assert settings.replace(strictness=4).strictness == 4
+    with pytest.raises(ValueError):
+        settings.replace(strictness=-1)
+    with pytest.raises(AttributeError):
+        settings.strictness = 4  # type: ignore[misc]
+
+
+def test_combined_weights_from_env_and_mapping():
+    assert Settings.resolve(environ={"RELEVANCY_TRACER_COMBINED_WEIGHTS": "ragas=0.5,direct=0.5"}).combined_weights == (("ragas", 0.5), ("direct", 0.5))
+    assert Settings.resolve(environ={}, combined_weights={"ragas": 1, "intent": 2}).combined_weights == (("ragas", 1), ("intent", 2))
+
+
+def test_readme_configuration_table_matches_the_settings():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert settings_table() in readme, "README's configuration table is stale: paste relevancy_tracer.config.settings_table()"
+    for spec in FIELDS:
+        if spec.env:
+            assert spec.env in readme

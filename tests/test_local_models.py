@@ -1,0 +1,160 @@
+"""The embedded local models on real examples (seeds 001 and 003), with no network.
+
+Slow: loads Qwen2.5-Coder-1.5B (llama.cpp) and the multilingual USE, and runs CPU inference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from relevancy_tracer.config import Settings
+from relevancy_tracer.models.base import ModelError
+from relevancy_tracer.models.local_embed import MiniLMEmbedder, USEEmbedder
+from relevancy_tracer.models.local_llm import LocalModelSpec, assemble_model
+from relevancy_tracer.result import Status
+from relevancy_tracer.scoring.engine import Engine
+
+from .conftest import ROOT, WIKIEVAL
+
+pytestmark = pytest.mark.local_models
+
+FRANCE = "Where is France and what is it's capital?"  # seed 001, as written there
+FRANCE_COMPLETE = "France is in western Europe and Paris is its capital."
+FRANCE_INCOMPLETE = "France is in western Europe."
+ZH_QUESTION = "美国最高法院关于堕胎的裁决对全球有什么影响?"  # seed 003
+ZH_ANSWER = (
+    "美国最高法院关于堕胎的裁决具有重要的全球影响。该裁决导致在堕胎访问受到限制的州,三分之一的生育年龄女性和女孩无法获得堕胎服务。"
+    "那些州的母婴健康支持也较弱,母亲死亡率较高,儿童贫困率也较高。此外,裁决的影响超出了国界,由于美国在全球的地缘政治和文化影响力,"
+    "这一裁决也产生了跨国影响。全球的组织和活动家担心这一裁决可能会激励其他国家出台反堕胎的立法和政策。"
+)
+
+
+@pytest.fixture(scope="module")
+def local_engine() -> Engine:
+    return Engine(Settings.resolve(llm="local", embeddings="local"))
+
+
+@pytest.fixture(scope="module")
+def seed_results(local_engine):
+    return {
+        "complete": local_engine.score(FRANCE, FRANCE_COMPLETE),
+        "incomplete": local_engine.score(FRANCE, FRANCE_INCOMPLETE),
+        "idk": local_engine.score(FRANCE, "I don't know."),
+        "zh": local_engine.score(ZH_QUESTION, ZH_ANSWER),
+    }
+
+
+def test_all_seed_examples_are_scored(seed_results):
+    for name, result in seed_results.items():
+        assert result.status == Status.SCORED, (name, result.error)
+        assert result.llm_model == "qwen2.5-coder-1.5b" and result.embedding_model == "use-multilingual-v3"
+        assert len(result.generated_questions) == 3 and all(q.strip() for q in result.generated_questions)
+
+
+def test_complete_answer_outscores_incomplete_one(seed_results):
+    assert seed_results["complete"].score > seed_results["incomplete"].score
+
+
+def test_i_dont_know_scores_lowest(seed_results):
+    idk = seed_results["idk"]
+    assert idk.score < min(r.score for name, r in seed_results.items() if name != "idk")
+    assert idk.score < 0.4 and idk.label == "does_not_address"
+
+
+def test_chinese_answer_scores_high_with_chinese_questions(seed_results):
+    zh = seed_results["zh"]
+    assert zh.score >= 0.6, zh
+    han = sum(1 for q in zh.generated_questions for ch in q if "\u4e00" <= ch <= "\u9fff")
+    assert han > 10 * len(zh.generated_questions), zh.generated_questions
+
+
+def test_ragas_method_separates_the_seed_examples(local_engine):
+    complete = local_engine.score(FRANCE, FRANCE_COMPLETE, method="ragas")
+    idk = local_engine.score(FRANCE, "I don't know.", method="ragas")
+    assert complete.status == idk.status == Status.SCORED
+    assert idk.score < complete.score and any(idk.noncommittal)
+
+
+def test_local_embedders_give_normalised_vectors_and_rank_paraphrases():
+    texts = ["Where is France located?", "In which part of Europe is France?", "How do I bake bread?"]
+    for embedder in (USEEmbedder(), MiniLMEmbedder()):
+        vectors = embedder.embed_sync(texts)
+        assert vectors.dtype == np.float32 and vectors.shape[0] == 3
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+        sims = vectors[1:] @ vectors[0]
+        assert sims[0] > sims[1] + 0.2, (embedder.name, sims)
+    assert USEEmbedder().embed_sync(["你好"]).shape == (1, 512)
+
+
+def _fake_parts(tmp_path: Path, payloads: list[bytes]) -> tuple[str, ...]:
+    names = []
+    for i, payload in enumerate(payloads):
+        package = tmp_path / f"fake_model_part{i}_{os.getpid()}"
+        (package / "data").mkdir(parents=True)
+        (package / "data" / "part.bin").write_bytes(payload)
+        (package / "__init__.py").write_text(
+            textwrap.dedent(
+                """
+                import os
+                def get_part_path():
+                    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "part.bin")
+                """
+            )
+        )
+        names.append(package.name)
+    sys.path.insert(0, str(tmp_path))
+    return tuple(names)
+
+
+def test_assembly_verifies_the_pinned_sha256_and_caches(tmp_path):
+    payloads = [b"GGUF" + b"a" * 1000, b"b" * 500]
+    parts = _fake_parts(tmp_path, payloads)
+    good = LocalModelSpec("fake", "fake.gguf", parts, hashlib.sha256(b"".join(payloads)).hexdigest(), 1504, "")
+    cache = tmp_path / "cache"
+    path = assemble_model(good, cache)
+    assert path.read_bytes() == b"".join(payloads) and path.with_name("fake.gguf.verified").exists()
+    assert assemble_model(good, cache) == path  # cached: trusted through the marker
+    path.write_bytes(b"tampered")  # size/mtime change invalidates the marker: re-assembled
+    assert assemble_model(good, cache).read_bytes() == b"".join(payloads)
+    bad = LocalModelSpec("bad", "bad.gguf", parts, "0" * 64, 1504, "")
+    with pytest.raises(ModelError, match="sha256"):
+        assemble_model(bad, cache)
+    assert not (cache / "bad.gguf").exists() and not list(cache.glob("*.part"))
+
+
+def test_cli_scores_wikieval_with_local_models_and_no_network(tmp_path):
+    """The issue's done-when: every row scored by the embedded models, no connection attempted."""
+    guard = tmp_path / "guard"
+    guard.mkdir()
+    (guard / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """
+            import socket
+            _connect = socket.socket.connect
+            def connect(self, address):
+                host = address[0] if isinstance(address, tuple) else address
+                if isinstance(host, str) and host not in ("127.0.0.1", "::1", "localhost") and self.family in (socket.AF_INET, socket.AF_INET6):
+                    raise OSError("network blocked by test: " + repr(address))
+                return _connect(self, address)
+            socket.socket.connect = connect
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELEVANCY_TRACER_", "OPENAI_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
+    env["PYTHONPATH"] = str(guard)
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "score", str(WIKIEVAL), "-o", str(out), "--no-progress"], env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 10
+    assert all(r["status"] == "scored" and np.isfinite(r["score"]) and r["label"] for r in rows), [r["error"] for r in rows]
+    assert all(len(r["generated_questions"]) == 3 for r in rows)
