@@ -1,5 +1,15 @@
 """relevancy-tracer: answer relevancy of RAG answers, scored in the background, on OpenTelemetry spans.
 
+Tracing::
+
+    import relevancy_tracer
+
+    relevancy_tracer.configure()          # OTLP exporters from OTEL_* when the app has none
+
+    @relevancy_tracer.trace
+    def answer(question: str) -> str:
+        ...
+
 Engine (batch and ad hoc scoring)::
 
     import relevancy_tracer
@@ -15,8 +25,13 @@ from typing import Any, Iterable, Optional
 from . import runtime
 from .config import Settings
 from .dataset import ColumnMapping
+from .decorator import instrument, trace
+from .drift import DriftEvent, DriftMonitor
+from .extraction import CallInfo
 from .result import RelevancyResult, Status
+from .sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler
 from .scoring.engine import Engine
+from .tracer import configure, flush, shutdown
 
 __version__ = "0.1.0"
 
@@ -62,14 +77,37 @@ def evaluate(
     return runtime.get_engine().evaluate(rows, concurrency=concurrency, as_dataframe=as_dataframe, mapping=mapping, **overrides)
 
 
+def drift_monitor() -> Optional[DriftMonitor]:
+    """The current tracer's drift monitor (None when ``drift_detection`` is off)."""
+    from . import tracer
+
+    return tracer.current().drift
+
+
 __all__ = [
+    "AllOf",
+    "AlwaysOff",
+    "AlwaysOn",
+    "CallInfo",
+    "CallableSampler",
     "ColumnMapping",
+    "DriftEvent",
+    "DriftMonitor",
     "Engine",
+    "RateLimitSampler",
     "RelevancyResult",
+    "SamplingContext",
     "Settings",
     "Status",
+    "TraceIdRatioSampler",
     "__version__",
     "ascore",
+    "configure",
+    "drift_monitor",
     "evaluate",
+    "flush",
+    "instrument",
     "score",
+    "shutdown",
+    "trace",
 ]

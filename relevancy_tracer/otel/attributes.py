@@ -1,0 +1,65 @@
+"""Attribute, event and instrument names.
+
+OpenInference (https://github.com/Arize-ai/openinference, semantic conventions) for the span's
+kind and content; the OpenTelemetry GenAI semantic conventions for the evaluation event
+(``gen_ai.evaluation.result``, stability: development); ``relevancy.*`` for this library's
+results.
+"""
+
+# --- OpenInference
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
+SPAN_KIND_CHAIN = "CHAIN"
+SPAN_KIND_EVALUATOR = "EVALUATOR"
+INPUT_VALUE = "input.value"
+INPUT_MIME_TYPE = "input.mime_type"
+OUTPUT_VALUE = "output.value"
+OUTPUT_MIME_TYPE = "output.mime_type"
+MIME_TEXT = "text/plain"
+RETRIEVAL_DOCUMENT_CONTENT = "retrieval.documents.{index}.document.content"
+
+# --- GenAI semantic conventions: evaluation event
+GEN_AI_EVALUATION_RESULT = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE_VALUE = "gen_ai.evaluation.score.value"
+GEN_AI_EVALUATION_SCORE_LABEL = "gen_ai.evaluation.score.label"
+GEN_AI_EVALUATION_EXPLANATION = "gen_ai.evaluation.explanation"
+EVALUATION_NAME = "answer_relevancy"
+
+# --- relevancy results
+SCORE = "relevancy.score"
+LABEL = "relevancy.label"
+EXPLANATION = "relevancy.explanation"
+STATUS = "relevancy.status"
+ERROR = "relevancy.error"
+ERROR_TYPE = "relevancy.error.type"
+METHOD = "relevancy.method"
+COMPONENT = "relevancy.components.{name}"
+FAILED_COMPONENTS = "relevancy.failed_components"
+GENERATED_QUESTIONS = "relevancy.generated_questions"
+SIMILARITIES = "relevancy.similarities"
+NONCOMMITTAL = "relevancy.noncommittal"
+SUB_QUESTIONS = "relevancy.sub_questions"
+SUB_QUESTIONS_ADDRESSED = "relevancy.sub_questions_addressed"
+INTENT = "relevancy.intent"
+STRICTNESS = "relevancy.strictness"
+LLM_MODEL = "relevancy.llm.model"
+EMBEDDING_MODEL = "relevancy.embedding.model"
+LATENCY_MS = "relevancy.latency_ms"
+INPUT_TOKENS = "relevancy.usage.input_tokens"
+OUTPUT_TOKENS = "relevancy.usage.output_tokens"
+TRUNCATED = "relevancy.truncated"
+EXTRACTION_ERROR = "relevancy.extraction.error"
+DROP_REASON = "relevancy.drop_reason"
+
+# --- metric instruments and their attributes
+METRIC_SCORE = "relevancy.score"
+METRIC_EVALUATIONS = "relevancy.evaluations"
+METRIC_DURATION = "relevancy.evaluation.duration"
+METRIC_QUEUE_DEPTH = "relevancy.queue.depth"
+ATTR_SPAN_NAME = "span.name"
+ATTR_SERVICE_NAME = "service.name"
+
+#: Histogram buckets of scores, over [0, 1] (the SDK's default buckets put every score in one).
+SCORE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+#: Histogram buckets of evaluation durations, in seconds (local models take 5-60 s).
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)

@@ -1,0 +1,131 @@
+"""OpenTelemetry metrics of the tracer, through the metrics API (works under any MeterProvider).
+
+Instruments (meter ``relevancy_tracer``):
+
+* ``relevancy.score`` (histogram, unit ``1``): scores of scored evaluations, explicit buckets
+  0, 0.1, ..., 1.0 (an advisory honoured by the SDK, and a View when this library installs the
+  MeterProvider), so alert rules can compute means and low-score shares.
+* ``relevancy.evaluations`` (counter, ``{evaluation}``): calls by ``relevancy.status``, with
+  ``relevancy.label`` for scored ones, ``relevancy.drop_reason`` for drops and
+  ``relevancy.error.type`` for errors. Counted in process memory on the hot path and reported
+  by an observable counter, so counting a call costs a dict update, not an SDK aggregation.
+* ``relevancy.evaluation.duration`` (histogram, ``s``): wall-clock time of each evaluation.
+* ``relevancy.queue.depth`` (observable gauge, ``{evaluation}``): evaluations queued or running.
+
+Every point carries ``span.name`` (the traced function's span) and ``service.name``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterable, Optional
+
+from opentelemetry import metrics
+
+from . import attributes as A
+
+
+class RelevancyMetrics:
+    """Records the tracer's metrics.
+
+    Args:
+        service_name: value of the ``service.name`` attribute on every point.
+        queue_depth: callable returning the current queue depth (evaluations).
+        meter_provider: provider to use (default: the global one, resolved lazily).
+    """
+
+    def __init__(self, service_name: str, queue_depth: Callable[[], int], meter_provider: Optional[Any] = None):
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter("relevancy_tracer")
+        self.service_name = service_name
+        self._queue_depth = queue_depth
+        self._counts: dict[tuple, int] = {}
+        self._lock = threading.Lock()
+        self.score = meter.create_histogram(
+            A.METRIC_SCORE,
+            unit="1",
+            description="Answer-relevancy score of scored evaluations",
+            explicit_bucket_boundaries_advisory=list(A.SCORE_BUCKETS),
+        )
+        self.duration = meter.create_histogram(
+            A.METRIC_DURATION,
+            unit="s",
+            description="Wall-clock duration of one relevancy evaluation",
+            explicit_bucket_boundaries_advisory=list(A.DURATION_BUCKETS),
+        )
+        meter.create_observable_counter(
+            A.METRIC_EVALUATIONS,
+            callbacks=[self._observe_counts],
+            unit="{evaluation}",
+            description="Traced calls by relevancy status (scored, not_sampled, dropped, error, timeout, shutdown, skipped)",
+        )
+        meter.create_observable_gauge(
+            A.METRIC_QUEUE_DEPTH,
+            callbacks=[self._observe_depth],
+            unit="{evaluation}",
+            description="Evaluations queued or running in the background worker",
+        )
+
+    def count(self, span_name: str, status: str, label: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None) -> None:
+        """Count one call with its final relevancy status (cheap: no SDK call)."""
+        key = (span_name, status, label, reason, error_type)
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def record_result(self, span_name: str, score: Optional[float], duration_s: Optional[float], method: str) -> None:
+        """Record a scored evaluation's score and an evaluation's duration."""
+        attrs = {A.ATTR_SPAN_NAME: span_name, A.ATTR_SERVICE_NAME: self.service_name, A.METHOD: method}
+        if score is not None:
+            self.score.record(score, attrs)
+        if duration_s is not None:
+            self.duration.record(duration_s, attrs)
+
+    def counts(self) -> dict[tuple, int]:
+        """A copy of the cumulative counts, keyed (span_name, status, label, reason, error_type)."""
+        with self._lock:
+            return dict(self._counts)
+
+    def _observe_counts(self, _options: Any) -> Iterable[metrics.Observation]:
+        for (span_name, status, label, reason, error_type), value in self.counts().items():
+            attrs = {A.ATTR_SPAN_NAME: span_name, A.ATTR_SERVICE_NAME: self.service_name, A.STATUS: status}
+            if label:
+                attrs[A.LABEL] = label
+            if reason:
+                attrs[A.DROP_REASON] = reason
+            if error_type:
+                attrs[A.ERROR_TYPE] = error_type
+            yield metrics.Observation(value, attrs)
+
+    def _observe_depth(self, _options: Any) -> Iterable[metrics.Observation]:
+        try:
+            depth = int(self._queue_depth())
+        except Exception:
+            return
+        yield metrics.Observation(depth, {A.ATTR_SERVICE_NAME: self.service_name})
+
+
+_shared: Optional[RelevancyMetrics] = None
+_shared_lock = threading.Lock()
+
+
+def shared_metrics(service_name: str, queue_depth: Callable[[], int]) -> RelevancyMetrics:
+    """The process-wide instruments on the global MeterProvider.
+
+    Created once: observable instruments cannot be registered twice, and cumulative counts
+    must survive ``configure()`` being called again.
+    """
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = RelevancyMetrics(service_name, queue_depth)
+        return _shared
+
+
+def score_views() -> list:
+    """SDK Views giving ``relevancy.score`` and ``relevancy.evaluation.duration`` their buckets
+    (for MeterProviders this library creates; the advisory covers the others)."""
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+    return [
+        View(instrument_name=A.METRIC_SCORE, aggregation=ExplicitBucketHistogramAggregation(list(A.SCORE_BUCKETS))),
+        View(instrument_name=A.METRIC_DURATION, aggregation=ExplicitBucketHistogramAggregation(list(A.DURATION_BUCKETS))),
+    ]

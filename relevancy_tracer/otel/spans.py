@@ -1,0 +1,118 @@
+"""Writing content and relevancy results onto spans, and instrumentation suppression."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Optional, Sequence
+
+from opentelemetry import context as otel_context
+
+from ..result import RelevancyResult
+from . import attributes as A
+
+#: Context keys instrumentations check before creating spans: OpenTelemetry's (also used by
+#: OpenInference) and OpenLLMetry's language-model key.
+_SUPPRESS_KEYS = ("suppress_instrumentation", "suppress_language_model_instrumentation")
+
+
+@contextlib.contextmanager
+def suppressed_instrumentation() -> Iterator[None]:
+    """Run the block with OpenTelemetry instrumentation suppressed.
+
+    The scorer's own model calls (the ``openai`` client, httpx) run inside it, so an app that
+    instruments those libraries never sees the scorer's requests as app spans.
+    """
+    ctx = otel_context.get_current()
+    for key in _SUPPRESS_KEYS:
+        ctx = otel_context.set_value(key, True, ctx)
+    # OpenTelemetry's own key object, looked up by name for API versions that export it
+    try:
+        from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY  # type: ignore[attr-defined]
+
+        ctx = otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True, ctx)
+    except ImportError:  # pragma: no cover - older API
+        pass
+    token = otel_context.attach(ctx)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters (with a marker when cut)."""
+    return text if len(text) <= limit else text[: max(0, limit - 15)] + "...[truncated]"
+
+
+def content_attributes(question: Optional[str], answer: Optional[str], contexts: Optional[Sequence[str]], limit: int) -> dict[str, Any]:
+    """OpenInference content attributes: input.value, output.value, retrieval documents."""
+    attrs: dict[str, Any] = {}
+    if question is not None:
+        attrs[A.INPUT_VALUE] = clip(question, limit)
+        attrs[A.INPUT_MIME_TYPE] = A.MIME_TEXT
+    if answer is not None:
+        attrs[A.OUTPUT_VALUE] = clip(answer, limit)
+        attrs[A.OUTPUT_MIME_TYPE] = A.MIME_TEXT
+    for index, document in enumerate(contexts or ()):
+        attrs[A.RETRIEVAL_DOCUMENT_CONTENT.format(index=index)] = clip(document, limit)
+    return attrs
+
+
+def result_attributes(result: RelevancyResult, *, capture_content: bool, limit: int) -> dict[str, Any]:
+    """The ``relevancy.*`` attributes of a result.
+
+    Scores, label, status, models, usage and timing always; texts derived from the question or
+    answer (generated questions, sub-questions, intent) only when ``capture_content``.
+    """
+    attrs: dict[str, Any] = {
+        A.STATUS: "scored" if result.ok else "error",
+        A.METHOD: result.method,
+        A.STRICTNESS: result.strictness,
+        A.LATENCY_MS: round(float(result.latency_ms), 3),
+        A.INPUT_TOKENS: int(result.input_tokens),
+        A.OUTPUT_TOKENS: int(result.output_tokens),
+    }
+    if result.llm_model:
+        attrs[A.LLM_MODEL] = result.llm_model
+    if result.embedding_model:
+        attrs[A.EMBEDDING_MODEL] = result.embedding_model
+    if result.truncated:
+        attrs[A.TRUNCATED] = True
+    if result.ok:
+        attrs[A.SCORE] = float(result.score)  # type: ignore[arg-type]
+        attrs[A.LABEL] = result.label
+        attrs[A.EXPLANATION] = result.explanation
+        if result.similarities:
+            attrs[A.SIMILARITIES] = [float(s) for s in result.similarities]
+        if result.noncommittal:
+            attrs[A.NONCOMMITTAL] = [bool(f) for f in result.noncommittal]
+        for name, value in result.components.items():
+            attrs[A.COMPONENT.format(name=name)] = float(value)
+        if result.sub_questions_addressed:
+            attrs[A.SUB_QUESTIONS_ADDRESSED] = [bool(f) for f in result.sub_questions_addressed]
+        if capture_content:
+            if result.generated_questions:
+                attrs[A.GENERATED_QUESTIONS] = [clip(q, limit) for q in result.generated_questions]
+            if result.sub_questions:
+                attrs[A.SUB_QUESTIONS] = [clip(q, limit) for q in result.sub_questions]
+            if result.intent:
+                attrs[A.INTENT] = clip(result.intent, limit)
+    else:
+        attrs[A.ERROR_TYPE] = result.status
+        if result.error:
+            attrs[A.ERROR] = clip(result.error, limit)
+    if result.failed_components:
+        attrs[A.FAILED_COMPONENTS] = [f"{name}:{status}" for name, status in result.failed_components.items()]
+    return attrs
+
+
+def evaluation_event(result: RelevancyResult) -> dict[str, Any]:
+    """Attributes of the ``gen_ai.evaluation.result`` event for a scored result."""
+    attrs: dict[str, Any] = {A.GEN_AI_EVALUATION_NAME: A.EVALUATION_NAME}
+    if result.ok:
+        attrs[A.GEN_AI_EVALUATION_SCORE_VALUE] = float(result.score)  # type: ignore[arg-type]
+        attrs[A.GEN_AI_EVALUATION_SCORE_LABEL] = result.label
+        attrs[A.GEN_AI_EVALUATION_EXPLANATION] = result.explanation
+    else:
+        attrs["error.type"] = result.status
+    return attrs
