@@ -358,3 +358,185 @@ class FakeOpenAIServer:
             "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
+
+
+# ------------------------------------------------------------------------------- OTLP receiver
+
+
+def _any_value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _any_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind)
+
+
+def _attributes(items: Any) -> dict:
+    return {kv.key: _any_value(kv.value) for kv in items}
+
+
+class OTLPReceiver:
+    """A minimal OTLP receiver on 127.0.0.1: OTLP/HTTP (protobuf, gzip) and OTLP/gRPC.
+
+    Decodes every exported span into a dict (``name``, ``trace_id``, ``span_id``,
+    ``parent_span_id`` as hex, ``kind``, ``attributes``, ``events``, ``links``, ``status_code``,
+    ``start``, ``end``, ``resource``) and every metric data point into
+    ``(name, attributes, value)`` records, so tests can read exported attributes back.
+
+    Attributes:
+        http_endpoint: ``http://127.0.0.1:<port>`` (the exporter appends ``/v1/traces``).
+        grpc_endpoint: ``http://127.0.0.1:<port>`` (start with ``grpc=True``).
+    """
+
+    def __init__(self, grpc: bool = True):
+        self.spans: list[dict] = []
+        self.metrics: list[tuple[str, dict, Any]] = []
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._http = _Server(("127.0.0.1", 0), _OTLPHandler)
+        self._http.owner = self  # type: ignore[assignment]
+        self.http_endpoint = f"http://127.0.0.1:{self._http.server_address[1]}"
+        self._thread: Optional[threading.Thread] = None
+        self._grpc_server: Any = None
+        self.grpc_endpoint: Optional[str] = None
+        self._want_grpc = grpc
+
+    def start(self) -> "OTLPReceiver":
+        self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, name="otlp-http", daemon=True)
+        self._thread.start()
+        if self._want_grpc:
+            self._start_grpc()
+        return self
+
+    def _start_grpc(self) -> None:
+        from concurrent import futures
+
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        receiver = self
+
+        class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
+                receiver.add_traces(request)
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
+                receiver.add_metrics(request)
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        self._grpc_server = server
+        self.grpc_endpoint = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        if self._grpc_server is not None:
+            self._grpc_server.stop(0)
+
+    def __enter__(self) -> "OTLPReceiver":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- decoding
+    def add_traces(self, request: Any) -> None:
+        decoded = []
+        for resource_spans in request.resource_spans:
+            resource = _attributes(resource_spans.resource.attributes)
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    decoded.append(
+                        {
+                            "name": span.name,
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent_span_id": span.parent_span_id.hex(),
+                            "kind": span.kind,
+                            "attributes": _attributes(span.attributes),
+                            "events": [{"name": e.name, "attributes": _attributes(e.attributes), "time": e.time_unix_nano} for e in span.events],
+                            "links": [{"trace_id": l.trace_id.hex(), "span_id": l.span_id.hex(), "attributes": _attributes(l.attributes)} for l in span.links],
+                            "status_code": span.status.code,
+                            "start": span.start_time_unix_nano,
+                            "end": span.end_time_unix_nano,
+                            "resource": resource,
+                            "scope": scope_spans.scope.name,
+                        }
+                    )
+        with self._changed:
+            self.spans.extend(decoded)
+            self._changed.notify_all()
+
+    def add_metrics(self, request: Any) -> None:
+        decoded = []
+        for resource_metrics in request.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    kind = metric.WhichOneof("data")
+                    for point in getattr(metric, kind).data_points:
+                        attrs = _attributes(point.attributes)
+                        if kind == "histogram":
+                            value: Any = {"count": point.count, "sum": point.sum, "bounds": list(point.explicit_bounds), "buckets": list(point.bucket_counts)}
+                        else:
+                            value = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
+                        decoded.append((metric.name, attrs, value))
+        with self._changed:
+            self.metrics.extend(decoded)
+            self._changed.notify_all()
+
+    def wait_for_spans(self, predicate: Callable[[list[dict]], bool], timeout: float = 30.0) -> list[dict]:
+        """Block until ``predicate(spans)`` holds (or ``timeout`` s); returns the spans."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not predicate(self.spans):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+            return list(self.spans)
+
+
+class _OTLPHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        import gzip
+
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        owner: OTLPReceiver = self.server.owner  # type: ignore[attr-defined]
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.headers.get("Content-Encoding", "").lower() == "gzip":
+            body = gzip.decompress(body)
+        if self.path.startswith("/v1/traces"):
+            request: Any = trace_service_pb2.ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            owner.add_traces(request)
+            reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        elif self.path.startswith("/v1/metrics"):
+            request = metrics_service_pb2.ExportMetricsServiceRequest()
+            request.ParseFromString(body)
+            owner.add_metrics(request)
+            reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+        else:
+            reply = b""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
