@@ -415,8 +415,26 @@ def _install(tracer: Tracer) -> None:
     global _current, _atexit_registered
     _current = tracer
     if not _atexit_registered:
-        atexit.register(_shutdown_at_exit)
+        _register_exit_hook()
         _atexit_registered = True
+
+
+def _register_exit_hook() -> None:
+    """Run :func:`shutdown` at interpreter exit, early enough to still finish evaluations.
+
+    ``concurrent.futures`` refuses new work once interpreter shutdown starts, before ordinary
+    ``atexit`` handlers run, so pending evaluations (which use worker threads) would fail.
+    ``threading._register_atexit`` hooks run before that, and before the OpenTelemetry SDK
+    providers' own ``atexit`` shutdown, which then exports the spans ended here.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_shutdown_at_exit)
+            return
+        except Exception:  # RuntimeError once shutdown has begun
+            pass
+    atexit.register(_shutdown_at_exit)
 
 
 def configure(**settings: Any) -> Settings:

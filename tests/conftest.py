@@ -51,3 +51,62 @@ def openai_settings(server: FakeOpenAIServer, **overrides: Any) -> Settings:
 @pytest.fixture
 def engine(server: FakeOpenAIServer) -> Engine:
     return Engine(openai_settings(server))
+
+
+# ------------------------------------------------------------------------------ tracing fixtures
+
+
+@pytest.fixture(scope="session")
+def otel():
+    """Process-wide SDK providers with in-memory span exporter and metric reader (set once)."""
+    from types import SimpleNamespace
+
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from relevancy_tracer.otel.metrics import score_views
+
+    resource = Resource.create({"service.name": "test-rag-app"})
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader], views=score_views()))
+    return SimpleNamespace(exporter=exporter, reader=reader, provider=provider, tracer=provider.get_tracer("tests"))
+
+
+@pytest.fixture
+def tracing(otel, server):
+    """``configure(**overrides)`` pointed at the fake model server; shut down after the test."""
+    import relevancy_tracer
+
+    otel.exporter.clear()
+
+    def configure(**overrides: Any):
+        values: dict[str, Any] = dict(
+            llm="openai",
+            embeddings="openai",
+            llm_base_url=server.base_url,
+            llm_model="fake-chat",
+            embedding_model="fake-embed",
+            llm_timeout=5.0,
+            llm_max_retries=0,
+        )
+        values.update(overrides)
+        return relevancy_tracer.configure(**values)
+
+    configure()
+    yield configure
+    relevancy_tracer.shutdown(5.0)
+    otel.exporter.clear()
+
+
+def finished_spans(otel, name=None):
+    spans = otel.exporter.get_finished_spans()
+    return [s for s in spans if name is None or s.name == name]
