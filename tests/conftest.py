@@ -74,11 +74,54 @@ def otel():
     resource = Resource.create({"service.name": "test-rag-app"})
     exporter = InMemorySpanExporter()
     provider = TracerProvider(resource=resource)
+    ledger = SpanLedger()
+    provider.add_span_processor(ledger)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     reader = InMemoryMetricReader()
     metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader], views=score_views()))
-    return SimpleNamespace(exporter=exporter, reader=reader, provider=provider, tracer=provider.get_tracer("tests"))
+    return SimpleNamespace(exporter=exporter, reader=reader, provider=provider, tracer=provider.get_tracer("tests"), ledger=ledger)
+
+
+from opentelemetry.sdk.trace import SpanProcessor  # noqa: E402
+
+
+class SpanLedger(SpanProcessor):
+    """A span processor recording every start and end, to check each span ends exactly once."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.started: dict[int, str] = {}
+        self.ended: dict[int, int] = {}
+
+    def on_start(self, span, parent_context=None) -> None:
+        with self.lock:
+            self.started[span.context.span_id] = span.name
+
+    def on_end(self, span) -> None:
+        with self.lock:
+            self.ended[span.context.span_id] = self.ended.get(span.context.span_id, 0) + 1
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def clear(self) -> None:
+        with self.lock:
+            self.started.clear()
+            self.ended.clear()
+
+    def check(self) -> None:
+        """Every started span ended exactly once."""
+        with self.lock:
+            unended = {sid: name for sid, name in self.started.items() if sid not in self.ended}
+            twice = {sid: n for sid, n in self.ended.items() if n != 1}
+        assert not unended, f"spans never ended: {sorted(unended.values())}"
+        assert not twice, f"spans ended more than once: {twice}"
 
 
 @pytest.fixture
@@ -87,6 +130,7 @@ def tracing(otel, server):
     import relevancy_tracer
 
     otel.exporter.clear()
+    otel.ledger.clear()
 
     def configure(**overrides: Any):
         values: dict[str, Any] = dict(
@@ -104,6 +148,10 @@ def tracing(otel, server):
     configure()
     yield configure
     relevancy_tracer.shutdown(5.0)
+    import gc
+
+    gc.collect()  # streams left unconsumed end their spans when collected
+    otel.ledger.check()
     otel.exporter.clear()
 
 

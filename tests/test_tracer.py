@@ -681,3 +681,30 @@ def test_span_is_current_inside_the_function(tracing, otel):
     relevancy_tracer.flush(10)
     retrieve = only_span(otel, "retrieve")
     assert retrieve.parent.span_id == only_span(otel, "outer").context.span_id
+
+
+def test_tracer_works_in_a_forked_child(tracing, otel):
+    import os
+
+    @relevancy_tracer.trace(name="forked")
+    def answer(question):
+        return ANSWER
+
+    answer(QUESTION)
+    assert relevancy_tracer.flush(10)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            otel.exporter.clear()
+            answer(QUESTION)
+            ok = relevancy_tracer.flush(10)
+            statuses = [attrs_of(s).get(A.STATUS) for s in finished_spans(otel, "forked")]
+            os.write(write, f"{ok}:{statuses}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    report = os.read(read, 200).decode()
+    os.waitpid(pid, 0)
+    assert report == "True:['scored']"
+    assert [attrs_of(s)[A.STATUS] for s in finished_spans(otel, "forked")] == ["scored"]  # parent unaffected
