@@ -147,8 +147,22 @@ def default_chat_reply(body: dict) -> str:
     if '"intent"' in text:
         return json.dumps({"intent": "The asker wants the information the question names."})
     if '"score"' in text:
-        return json.dumps({"score": 8})
+        return json.dumps({"score": 4})
     return "{}"
+
+
+def fake_logprobs(text: str, spread: tuple[tuple[int, float], ...] = ((0, 0.6), (1, 0.3), (-1, 0.1))) -> dict:
+    """OpenAI-style ``logprobs`` for ``text``: every digit gets ``top_logprobs`` spread over
+    neighbouring digits (by default 0.6 on itself, 0.3 one above, 0.1 one below), so an expected
+    value differs from the sampled digit (``{"score": 4}`` gives 4.2)."""
+    content = []
+    for token in re.findall(r"\d|\D+", text):
+        if token.isdigit():
+            alternatives = [{"token": str(int(token) + offset), "logprob": math.log(p), "bytes": None} for offset, p in spread if 0 <= int(token) + offset <= 9]
+            content.append({"token": token, "logprob": alternatives[0]["logprob"], "bytes": None, "top_logprobs": alternatives})
+        else:
+            content.append({"token": token, "logprob": 0.0, "bytes": None, "top_logprobs": [{"token": token, "logprob": 0.0, "bytes": None}]})
+    return {"content": content}
 
 
 def hashed_embedding(text: str, dims: int = 64) -> list[float]:
@@ -341,7 +355,10 @@ class FakeOpenAIServer:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", "fake-chat"),
-            "choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"} for i, t in enumerate(texts)],
+            "choices": [
+                {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop", **({"logprobs": fake_logprobs(t)} if body.get("logprobs") else {})}
+                for i, t in enumerate(texts)
+            ],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sum(count_tokens(t) for t in texts), "total_tokens": prompt_tokens + sum(count_tokens(t) for t in texts)},
         }
 

@@ -129,7 +129,7 @@ def test_method_flag_and_stdout_output(server):
     proc = run_cli(server, WIKIEVAL, "--method", "direct", "--limit", "2")
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(l) for l in proc.stdout.splitlines()]
-    assert len(rows) == 2 and all(r["method"] == "direct" and r["components"] == {"direct": 0.8} for r in rows)
+    assert len(rows) == 2 and all(r["method"] == "direct" and r["components"] == {"direct": pytest.approx(0.8)} for r in rows)
 
 
 def test_ctrl_c_keeps_finished_rows(tmp_path):

@@ -30,6 +30,9 @@ class ChatReply:
         input_tokens, output_tokens: token usage as reported by the backend (0 if unknown).
         model: the model name the backend reports.
         finish_reason: ``stop``, ``length`` (cut by max_tokens), or the backend's value.
+        score_probs: when ``score_key`` was asked for and the backend can see token
+            probabilities: probability of each single-digit value (0-9) at the first digit of
+            that key's value, normalised over the digits; else None.
     """
 
     text: str
@@ -37,6 +40,7 @@ class ChatReply:
     output_tokens: int = 0
     model: str = ""
     finish_reason: Optional[str] = None
+    score_probs: Optional[dict[int, float]] = None
 
 
 @dataclass
@@ -72,12 +76,16 @@ class ChatModel(Protocol):
         max_tokens: int,
         temperature: float = 0.0,
         seed: Optional[int] = None,
+        score_key: Optional[str] = None,
     ) -> ChatReply:
         """Complete ``messages`` (OpenAI chat format) with a JSON object matching ``schema``.
 
         The backend constrains output to the schema where it can (llama.cpp grammar, OpenAI
         ``response_format``); the caller still parses and validates the text. ``max_tokens``
-        caps the reply length in tokens. Raises :class:`ModelError`.
+        caps the reply length in tokens. With ``score_key``, the backend also reports the
+        probabilities of the digits at the first digit of that key's value
+        (``ChatReply.score_probs``) when it can see them: the judge's uncertainty, which makes
+        expected-value scores possible (G-Eval, Liu et al. 2023). Raises :class:`ModelError`.
         """
         ...
 

@@ -23,11 +23,14 @@ import hashlib
 import importlib
 import logging
 import os
+import re
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+import numpy as np
 
 from .base import ChatReply, ModelError
 
@@ -147,6 +150,40 @@ class _Cancelled(Exception):
     pass
 
 
+class _ScoreCapture:
+    """A llama.cpp logits processor that records the digit distribution of a JSON score.
+
+    While the reply is being generated it watches the text produced so far; at the step where
+    the next token is the first digit of ``"<key>":`` it takes the softmax of the raw logits over
+    the digit tokens ("5" and " 5" count as 5). Costs nothing but a short detokenisation per
+    generated token of a short reply.
+    """
+
+    def __init__(self, llama: Any, key: str, digit_tokens: dict[int, int]):
+        self._llama = llama
+        self._pattern = re.compile(r'"' + re.escape(key) + r'"\s*:\s*$')
+        self._digits = digit_tokens
+        self._start: Optional[int] = None
+        self.probs: Optional[dict[int, float]] = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self._start is None:
+            self._start = len(input_ids)
+        if self.probs is None:
+            text = self._llama.detokenize(list(input_ids[self._start :])).decode("utf-8", errors="ignore")
+            if self._pattern.search(text):
+                ids = list(self._digits)
+                logits = np.asarray([scores[i] for i in ids], dtype=np.float64)
+                weights = np.exp(logits - logits.max())
+                weights /= weights.sum()
+                probs: dict[int, float] = {}
+                for token, weight in zip(ids, weights):
+                    digit = self._digits[token]
+                    probs[digit] = probs.get(digit, 0.0) + float(weight)
+                self.probs = probs
+        return scores
+
+
 def _abort_when(cancelled: threading.Event) -> Any:
     """A llama.cpp logits processor that aborts generation once ``cancelled`` is set.
 
@@ -182,6 +219,7 @@ class LocalChatModel:
         self._n_ctx = n_ctx
         self._seed = seed
         self._llama: Any = None
+        self._digit_tokens: dict[int, int] = {}
         self._load_lock = threading.Lock()
         self._infer_lock = threading.Lock()
 
@@ -208,6 +246,11 @@ class LocalChatModel:
                     )
                 except Exception as exc:  # llama.cpp raises ValueError/RuntimeError on a bad file
                     raise ModelError(f"cannot load {path}: {exc}") from exc
+                for digit in "0123456789":
+                    for form in (digit, " " + digit):
+                        tokens = self._llama.tokenize(form.encode(), add_bos=False, special=False)
+                        if len(tokens) == 1:
+                            self._digit_tokens.setdefault(tokens[0], int(digit))
         return self._llama
 
     def count_tokens(self, text: str) -> int:
@@ -222,10 +265,11 @@ class LocalChatModel:
         max_tokens: int,
         temperature: float = 0.0,
         seed: Optional[int] = None,
+        score_key: Optional[str] = None,
     ) -> ChatReply:
         cancelled = threading.Event()
         try:
-            return await asyncio.to_thread(self._chat_sync, list(messages), schema, max_tokens, temperature, seed, cancelled)
+            return await asyncio.to_thread(self._chat_sync, list(messages), schema, max_tokens, temperature, seed, cancelled, score_key)
         except asyncio.CancelledError:
             cancelled.set()  # stop token generation in the thread at the next token
             raise
@@ -238,8 +282,13 @@ class LocalChatModel:
         temperature: float,
         seed: Optional[int],
         cancelled: threading.Event,
+        score_key: Optional[str] = None,
     ) -> ChatReply:
         llama = self._load()
+        processors: list = [_abort_when(cancelled)]
+        capture = _ScoreCapture(llama, score_key, self._digit_tokens) if score_key and self._digit_tokens else None
+        if capture is not None:
+            processors.append(capture)
         with self._infer_lock:
             if cancelled.is_set():
                 raise ModelError("cancelled before it started")
@@ -250,7 +299,7 @@ class LocalChatModel:
                     max_tokens=max_tokens,
                     temperature=temperature,
                     seed=self._seed if seed is None else seed,
-                    logits_processor=[_abort_when(cancelled)],
+                    logits_processor=processors,
                 )
             except _Cancelled as exc:
                 raise ModelError("cancelled while generating") from exc
@@ -264,4 +313,5 @@ class LocalChatModel:
             output_tokens=int(usage.get("completion_tokens", 0)),
             model=self.name,
             finish_reason=choice.get("finish_reason"),
+            score_probs=capture.probs if capture is not None else None,
         )

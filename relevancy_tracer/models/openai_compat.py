@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import re
 import threading
 import weakref
 from typing import Any, Optional, Sequence
@@ -97,6 +99,7 @@ class OpenAIChatModel:
         self._pool = _ClientPool(base_url, api_key, timeout, max_retries)
         self._response_format = response_format
         self._token_param = "max_tokens"
+        self._logprobs = True  # switched off for servers that reject the parameter
 
     def _format_param(self, schema: dict) -> Optional[dict]:
         if self._response_format == "json_object":
@@ -113,11 +116,12 @@ class OpenAIChatModel:
         max_tokens: int,
         temperature: float = 0.0,
         seed: Optional[int] = None,
+        score_key: Optional[str] = None,
     ) -> ChatReply:
         import openai
 
         client = self._pool.get()
-        for _ in range(3):  # at most: drop response_format once, switch token parameter once
+        for _ in range(4):  # at most: drop response_format, switch token parameter, drop logprobs
             kwargs: dict[str, Any] = {
                 "model": self.name,
                 "messages": list(messages),
@@ -129,10 +133,18 @@ class OpenAIChatModel:
             response_format = self._format_param(schema)
             if response_format is not None:
                 kwargs["response_format"] = response_format
+            want_logprobs = bool(score_key) and self._logprobs
+            if want_logprobs:
+                kwargs["logprobs"] = True
+                kwargs["top_logprobs"] = 10
             try:
                 response = await client.chat.completions.create(**kwargs)
             except openai.BadRequestError as exc:
                 text = str(exc).lower()
+                if want_logprobs and "logprobs" in text:
+                    logger.info("relevancy-tracer: %s rejects logprobs; judge scores use the sampled number", self.name)
+                    self._logprobs = False
+                    continue
                 if response_format is not None and "response_format" in text:
                     logger.info("relevancy-tracer: %s rejects response_format; asking without it", self.name)
                     self._response_format = "none"
@@ -143,8 +155,40 @@ class OpenAIChatModel:
                 raise ModelError(_describe(exc)) from exc
             except openai.OpenAIError as exc:
                 raise ModelError(_describe(exc)) from exc
-            return _chat_reply(response, self.name)
+            reply = _chat_reply(response, self.name)
+            if want_logprobs:
+                reply.score_probs = digit_distribution(response, score_key)  # type: ignore[arg-type]
+            return reply
         raise ModelError("the server rejected every request variant")
+
+
+def digit_distribution(response: Any, key: str) -> Optional[dict[int, float]]:
+    """Digit probabilities at the first digit of ``"<key>":`` from a reply's ``logprobs``.
+
+    Walks ``choices[0].logprobs.content``, rebuilding the text token by token; at the first token
+    holding a digit after ``"<key>":`` it sums the ``top_logprobs`` mass of each digit (tokens
+    like " 7" count as 7) and normalises over the digits. None when the server sent no logprobs.
+    """
+    try:
+        content = response.choices[0].logprobs.content
+    except (AttributeError, IndexError, TypeError):
+        return None
+    if not content:
+        return None
+    pattern = re.compile(r'"' + re.escape(key) + r'"\s*:\s*$')
+    text = ""
+    for item in content:
+        token = getattr(item, "token", "") or ""
+        if token.strip()[:1].isdigit() and pattern.search(text + token[: len(token) - len(token.lstrip())]):
+            probs: dict[int, float] = {}
+            for alternative in getattr(item, "top_logprobs", None) or []:
+                alt = (getattr(alternative, "token", "") or "").strip()
+                if len(alt) >= 1 and alt[0].isdigit():
+                    probs[int(alt[0])] = probs.get(int(alt[0]), 0.0) + math.exp(alternative.logprob)
+            total = sum(probs.values())
+            return {d: p / total for d, p in probs.items()} if total > 0 else None
+        text += token
+    return None
 
 
 def _chat_reply(response: Any, default_model: str) -> ChatReply:

@@ -11,12 +11,12 @@ method             score                                                   LLM c
                    noncommittal rule (RAGAS; seeds 001, 002, 004, 003)     + 1 embeddings
 ``llm_similarity`` mean LLM-rated similarity of generated_i to the          2 (joint)
                    question on seed 000's 0/0.25/0.5/0.75/1 scale
-``direct``         LLM score 0-10 / 10 of how well the answer addresses    1
-                   the question (seed 000)
+``direct``         LLM rating 1-5 (expected value) of how well the answer  1
+                   addresses the question (seed 000)
 ``decomposition``  share of the question's sub-questions the answer        1 (+1 per new
                    addresses (seed 000)                                    question, cached)
-``intent``         LLM score 0-10 / 10 of how well the answer fulfils the  1 (+1 per new
-                   question's stated intent (seed 000)                     question, cached)
+``intent``         LLM rating 1-5 (expected value) of how well the answer  1 (+1 per new
+                   fulfils the question's stated intent (seed 000)         question, cached)
 ``combined``       weighted mean of components, weights renormalised over  sum of components
                    the ones that succeeded (seed 000: 0.3/0.25/0.25/0.2)
 =================  ======================================================  ================
@@ -39,7 +39,7 @@ from ..config import Settings
 from ..models.base import ModelError, Models
 from ..result import EvaluationError, Status, Usage
 from . import prompts
-from .parsing import ReplyError, ask_json, read_flag, read_number
+from .parsing import ReplyError, ask_json, judged_score, read_flag, read_number
 
 QUESTION_TOKENS = 48  # max output tokens budgeted per generated question (plus JSON overhead)
 
@@ -102,7 +102,8 @@ class EvalContext:
         return task
 
     async def ask(self, messages: list, schema: dict, validate: Callable[[Any], Any], *, max_tokens: int, temperature: float = 0.0, seed: Optional[int] = None) -> Any:
-        return await ask_json(
+        """The validated JSON reply to ``messages`` (re-asked when malformed)."""
+        value, _ = await ask_json(
             self.models.llm,
             messages,
             schema,
@@ -113,6 +114,22 @@ class EvalContext:
             temperature=temperature,
             seed=seed,
         )
+        return value
+
+    async def ask_score(self, messages: list) -> float:
+        """A judge's 1-5 ``{"score": n}`` reply as a [0, 1] score (expected value when the
+        backend reports digit probabilities)."""
+        value, reply = await ask_json(
+            self.models.llm,
+            messages,
+            prompts.SCORE_SCHEMA,
+            _score_value,
+            usage=self.usage,
+            retries=self.settings.json_retries,
+            max_tokens=16,
+            score_key="score",
+        )
+        return judged_score(value, reply.score_probs, prompts.SCORE_LOW, prompts.SCORE_HIGH)
 
     async def cached(self, step: str, factory: Callable[[], Awaitable[Any]]) -> Any:
         key = (step, self.models.llm.name, self.question)
@@ -172,10 +189,10 @@ def _questions_validator(n: int) -> Callable[[Any], tuple[list[str], list[bool]]
     return validate
 
 
-def _score_0_10(data: Any) -> float:
+def _score_value(data: Any) -> float:
     if not isinstance(data, dict) or "score" not in data:
-        raise ReplyError('expected {"score": <0-10>}', Status.UNREADABLE_SCORE)
-    return read_number(data["score"], 0, 10) / 10.0
+        raise ReplyError(f'expected {{"score": <{prompts.SCORE_LOW}-{prompts.SCORE_HIGH}>}}', Status.UNREADABLE_SCORE)
+    return read_number(data["score"], prompts.SCORE_LOW, prompts.SCORE_HIGH)
 
 
 # ---------------------------------------------------------------------------- question generation
@@ -279,9 +296,8 @@ async def llm_similarity(ctx: EvalContext) -> MethodOutput:
 
 
 async def direct(ctx: EvalContext) -> MethodOutput:
-    """The LLM scores how well the answer addresses the question (seed 000), 0-10 -> [0, 1]."""
-    score = await ctx.ask(prompts.direct_score(ctx.question, ctx.answer), prompts.SCORE_SCHEMA, _score_0_10, max_tokens=16)
-    return MethodOutput(score=score)
+    """The LLM rates how well the answer addresses the question (seed 000), 1-5 -> [0, 1]."""
+    return MethodOutput(score=await ctx.ask_score(prompts.direct_score(ctx.question, ctx.answer)))
 
 
 async def decomposition(ctx: EvalContext) -> MethodOutput:
@@ -319,7 +335,7 @@ async def intent(ctx: EvalContext) -> MethodOutput:
         return text.strip()
 
     stated = await ctx.cached("intent", lambda: ctx.ask(prompts.intent(ctx.question), prompts.INTENT_SCHEMA, validate_intent, max_tokens=80))
-    score = await ctx.ask(prompts.fulfilment(ctx.question, ctx.answer, stated), prompts.SCORE_SCHEMA, _score_0_10, max_tokens=16)
+    score = await ctx.ask_score(prompts.fulfilment(ctx.question, ctx.answer, stated))
     return MethodOutput(score=score, intent=stated)
 
 

@@ -150,28 +150,30 @@ def similarity_ratings(question: str, generated: Sequence[str]) -> list[dict]:
 
 # ---------------------------------------------------------------------------- direct
 
+SCORE_LOW, SCORE_HIGH = 1, 5
+
 SCORE_SCHEMA: dict = {
     "type": "object",
-    "properties": {"score": {"type": "integer", "minimum": 0, "maximum": 10}},
+    "properties": {"score": {"type": "integer", "minimum": SCORE_LOW, "maximum": SCORE_HIGH}},
     "required": ["score"],
 }
 
 
 def direct_score(question: str, answer: str) -> list[dict]:
-    """Seed 000's direct relevancy scoring, on a 0-10 integer scale (divided by 10)."""
+    """Seed 000's direct relevancy scoring (does it address what was asked, is it relevant, are
+    parts left unanswered), on a 1-5 scale read as an expected value (see ``judged_score``)."""
     return _messages(
         answer_block(answer)
         + "Question the answer should address:\n"
         + question_block(question)
-        + "\nTask: score how well the answer addresses the question.\n"
-        "- Does the answer directly address what was asked?\n"
-        "- Is every part of the question answered? Missing parts lower the score a lot.\n"
-        "- Is the information relevant to the question? Unrelated or padding content lowers the score.\n"
-        "- Evasive answers (\"I don't know\", \"it is not provided\") score 0-2.\n"
-        "Correctness is not judged, only whether the answer addresses the question.\n"
-        "Scale: 10 complete and focused; 7-9 addresses it with a minor gap or some padding; 4-6 misses a "
-        "part of the question or is half unrelated; 1-3 barely related; 0 irrelevant.\n"
-        'Reply as {"score": <integer 0-10>}.'
+        + "\nTask: rate how well the answer addresses the question, from 1 to 5.\n"
+        "5: answers every part of the question directly, with nothing unrelated.\n"
+        "4: answers it, with a small gap or a little unrelated content.\n"
+        "3: answers only part of the question, or is vague, or half of it is unrelated.\n"
+        "2: barely addresses the question.\n"
+        "1: does not address it (irrelevant, evasive, or says the information is not available).\n"
+        "Judge relevance and completeness only, not correctness.\n"
+        'Reply as {"score": <1-5>}.'
     )
 
 
@@ -238,13 +240,14 @@ def intent(question: str) -> list[dict]:
 
 
 def fulfilment(question: str, answer: str, stated_intent: str) -> list[dict]:
-    """Seed 000: how well does the answer fulfil the stated intent (0-10, divided by 10)?"""
+    """Seed 000: how well does the answer fulfil the stated intent (1-5, read as an expected value)?"""
     return _messages(
         answer_block(answer)
         + "Question:\n"
         + question_block(question)
         + f"<intent>\n{_escape(stated_intent)}\n</intent>\n\n"
-        "Task: score how well the answer fulfils this intent: 10 fulfils it completely; 5 fulfils about half "
-        "of it; 0 not at all (evasive or unrelated answers score 0-2).\n"
-        'Reply as {"score": <integer 0-10>}.'
+        "Task: rate from 1 to 5 how well the answer fulfils this intent.\n"
+        "5: fulfils it completely. 4: mostly. 3: about half of it. 2: barely. 1: not at all "
+        "(evasive, unrelated, or says the information is not available).\n"
+        'Reply as {"score": <1-5>}.'
     )
