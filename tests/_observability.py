@@ -177,7 +177,12 @@ class TracedApp:
                 return line
 
     def start(self, timeout: float = 60.0) -> "TracedApp":
-        self.wait_for_line("ready", timeout)
+        """Wait for ``ready``; on failure the process is stopped before the test fails."""
+        try:
+            self.wait_for_line("ready", timeout)
+        except BaseException:
+            self.stop(timeout=5.0)
+            raise
         return self
 
     def stop(self, timeout: float = 30.0) -> int:
