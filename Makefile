@@ -29,7 +29,7 @@ venv: $(VENV)/.installed-demo
 dev-venv: $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed-demo
-	$(VENV)/bin/relevancy-tracer demo
+	$(VENV)/bin/relevancy-tracer demo --keep-running
 
 system-deps:
 	bash .ci/system-deps

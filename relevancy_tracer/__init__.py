@@ -31,7 +31,7 @@ from .extraction import CallInfo
 from .result import RelevancyResult, Status
 from .sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler
 from .scoring.engine import Engine
-from .tracer import configure, flush, shutdown
+from .tracer import EvaluationOutcome, configure, flush, shutdown
 
 __version__ = "0.1.0"
 
@@ -94,6 +94,7 @@ __all__ = [
     "DriftEvent",
     "DriftMonitor",
     "Engine",
+    "EvaluationOutcome",
     "RateLimitSampler",
     "RelevancyResult",
     "SamplingContext",

@@ -219,6 +219,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("capture_content", "bool", "", "Record question, answer and contexts text on spans. When false only scores are recorded (no text, no generated questions).", _parse_bool, _check_bool),
     _spec("max_content_chars", "int", "characters", "Longest text recorded in one span attribute.", int, _check_number(16, integer=True)),
     _spec("redact", "callable", "", "`fn(text, field) -> str`, applied to question, answer and contexts before they are recorded or sent to a model. Argument only.", None, _check_optional_callable),
+    _spec("on_result", "callable", "", "`fn(EvaluationOutcome)`, called in the worker after each evaluation ends (scored or not); exceptions are logged. Argument only.", None, _check_optional_callable),
     _spec("setup_otel", "bool", "", "When the app has no TracerProvider/MeterProvider, `configure()` installs SDK ones with OTLP exporters from the standard OTEL_* variables.", _parse_bool, _check_bool),
     _spec("drift_detection", "bool", "", "Run the in-process drift detector on scores (see `relevancy_tracer.drift`).", _parse_bool, _check_bool),
 )
@@ -269,6 +270,7 @@ class Settings:
     capture_content: bool = True
     max_content_chars: int = 8000
     redact: Optional[Callable[[str, str], str]] = None
+    on_result: Optional[Callable[[Any], None]] = None
     setup_otel: bool = True
     drift_detection: bool = True
 

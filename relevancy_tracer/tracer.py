@@ -24,6 +24,7 @@ import atexit
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from opentelemetry import context as otel_context
@@ -57,6 +58,27 @@ EVALUATION_OVERRIDES = (
     "max_question_chars",
     "json_retries",
 )
+
+
+@dataclass(frozen=True)
+class EvaluationOutcome:
+    """What the ``on_result`` hook receives when a sampled call's evaluation ends.
+
+    Attributes:
+        span_name: the traced function's span. status: scored | error | dropped | timeout |
+            shutdown. result: the :class:`RelevancyResult` (None when the evaluation never ran:
+            dropped, timed out, shut down). trace_id, span_id: of the answer span, as 32 / 16
+            lowercase hex digits (e.g. for a link into the tracing UI).
+        question, answer: the texts that were scored (None when ``capture_content`` is off).
+    """
+
+    span_name: str
+    status: str
+    result: Optional[RelevancyResult]
+    trace_id: str
+    span_id: str
+    question: Optional[str] = None
+    answer: Optional[str] = None
 
 
 class TraceOptions:
@@ -363,6 +385,23 @@ class EvaluationJob:
                     tracer.drift.observe(name, float(result.score))  # type: ignore[arg-type]
         except Exception:
             logger.exception("relevancy-tracer: recording metrics failed")
+        hook = settings.on_result
+        if hook is not None:
+            try:
+                content = settings.capture_content
+                hook(
+                    EvaluationOutcome(
+                        name,
+                        status,
+                        result,
+                        format(self.span_context.trace_id, "032x"),
+                        format(self.span_context.span_id, "016x"),
+                        self.question if content else None,
+                        self.answer if content else None,
+                    )
+                )
+            except Exception:
+                logger.exception("relevancy-tracer: the on_result hook raised")
 
     def _emit_evaluation_span(self, attrs: dict, result: Optional[RelevancyResult], status: str) -> None:
         parent = trace.set_span_in_context(NonRecordingSpan(self.span_context))

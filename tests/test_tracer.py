@@ -708,3 +708,33 @@ def test_tracer_works_in_a_forked_child(tracing, otel):
     os.waitpid(pid, 0)
     assert report == "True:['scored']"
     assert [attrs_of(s)[A.STATUS] for s in finished_spans(otel, "forked")] == ["scored"]  # parent unaffected
+
+
+def test_on_result_hook_receives_every_outcome(tracing, otel, server):
+    outcomes = []
+    tracing(on_result=outcomes.append, queue_size=1, concurrency=1)
+    server.chat.push(Hang())
+
+    @relevancy_tracer.trace(name="hooked")
+    def answer(question):
+        return ANSWER
+
+    answer(QUESTION)  # hangs in the worker
+    answer(QUESTION)  # queued
+    answer(QUESTION)  # dropped: queue full
+    relevancy_tracer.shutdown(0.5)
+    statuses = sorted(o.status for o in outcomes)
+    assert statuses == ["dropped", "shutdown", "shutdown"]
+    spans = {format(s.context.span_id, "016x"): s for s in finished_spans(otel, "hooked")}
+    assert {o.span_id for o in outcomes} == set(spans)
+    assert all(o.question == QUESTION and o.result is None for o in outcomes)
+
+    otel.exporter.clear()
+    outcomes.clear()
+    tracing(on_result=lambda outcome: (outcomes.append(outcome), 1 / 0))  # a raising hook is contained
+    answer(QUESTION)
+    assert relevancy_tracer.flush(10)
+    (outcome,) = outcomes
+    span = only_span(otel, "hooked")
+    assert outcome.status == "scored" and outcome.result.score == attrs_of(span)[A.SCORE]
+    assert outcome.trace_id == format(span.context.trace_id, "032x")

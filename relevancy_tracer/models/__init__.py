@@ -8,12 +8,12 @@ loads a second copy of a 1 GB model.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Optional
 
 from ..config import Settings
 from .base import ChatModel, ChatReply, Embedder, EmbeddingReply, ModelError, Models
 
-__all__ = ["ChatModel", "ChatReply", "Embedder", "EmbeddingReply", "ModelError", "Models", "build_models"]
+__all__ = ["ChatModel", "ChatReply", "Embedder", "EmbeddingReply", "ModelError", "Models", "build_models", "shared_local_embedder", "shared_local_llm"]
 
 _shared: dict[tuple, Any] = {}
 _shared_lock = threading.Lock()
@@ -27,14 +27,25 @@ def _shared_instance(key: tuple, factory: Any) -> Any:
         return instance
 
 
+def shared_local_llm(model: str = "qwen2.5-coder-1.5b", threads: Optional[int] = None, n_ctx: int = 4096) -> Any:
+    """The process-wide :class:`~relevancy_tracer.models.local_llm.LocalChatModel` for these
+    arguments (loaded lazily, once; an app can generate with the model the scorer uses)."""
+    from .local_llm import LocalChatModel
+
+    return _shared_instance(("local-llm", model, threads, n_ctx), lambda: LocalChatModel(model, threads=threads, n_ctx=n_ctx))
+
+
+def shared_local_embedder(model: str = "use-multilingual-v3") -> Any:
+    """The process-wide local embedder ``model`` (see ``local_embed.LOCAL_EMBEDDERS``)."""
+    from .local_embed import make_local_embedder
+
+    return _shared_instance(("local-embed", model), lambda: make_local_embedder(model))
+
+
 def build_llm(settings: Settings) -> ChatModel:
     """The chat backend for ``settings`` (no network or model load happens here)."""
     if settings.llm == "local":
-        from .local_llm import LocalChatModel
-
-        model = settings.resolved_llm_model
-        key = ("local-llm", model, settings.local_threads, settings.local_context)
-        return _shared_instance(key, lambda: LocalChatModel(model, threads=settings.local_threads, n_ctx=settings.local_context))
+        return shared_local_llm(settings.resolved_llm_model, settings.local_threads, settings.local_context)
     from .openai_compat import OpenAIChatModel
 
     return OpenAIChatModel(
@@ -50,10 +61,7 @@ def build_llm(settings: Settings) -> ChatModel:
 def build_embedder(settings: Settings) -> Embedder:
     """The embeddings backend for ``settings`` (lazy: nothing loads here)."""
     if settings.embeddings == "local":
-        from .local_embed import make_local_embedder
-
-        model = settings.resolved_embedding_model
-        return _shared_instance(("local-embed", model), lambda: make_local_embedder(model))
+        return shared_local_embedder(settings.resolved_embedding_model)
     from .openai_compat import OpenAIEmbedder
 
     return OpenAIEmbedder(

@@ -253,6 +253,19 @@ class LocalChatModel:
                             self._digit_tokens.setdefault(tokens[0], int(digit))
         return self._llama
 
+    def generate(self, messages: Sequence[dict], *, max_tokens: int = 256, temperature: float = 0.0) -> str:
+        """Free-text chat completion (for apps generating with the embedded model), blocking.
+
+        ``max_tokens`` caps the reply (tokens). Raises :class:`ModelError`.
+        """
+        llama = self._load()
+        with self._infer_lock:
+            try:
+                response = llama.create_chat_completion(messages=list(messages), max_tokens=max_tokens, temperature=temperature, seed=self._seed)
+            except Exception as exc:
+                raise ModelError(f"llama.cpp failed: {type(exc).__name__}: {exc}") from exc
+        return (response["choices"][0]["message"].get("content") or "").strip()
+
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` under this model's tokenizer (loads the model)."""
         return len(self._load().tokenize(text.encode("utf-8"), add_bos=False))

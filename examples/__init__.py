@@ -1,0 +1,1 @@
+"""Examples of relevancy-tracer (installed as ``relevancy_tracer._examples``)."""

@@ -1,0 +1,63 @@
+"""A FastAPI service answering Python questions, traced with relevancy-tracer.
+
+The endpoint handler is decorated like any answer function: ``@relevancy_tracer.trace`` with
+dotted paths into the request and response models. The span of each request carries the
+answer relevancy once the background worker has scored it; the request never waits for it.
+
+Run::
+
+    pip install 'relevancy-tracer[local,examples]'
+    uvicorn examples.web_service:app --port 8000
+    curl -s localhost:8000/ask -H 'content-type: application/json' -d '{"question": "What does the pass statement do?"}'
+
+``EXAMPLE_GENERATOR=extractive`` answers with passage sentences instead of the local LLM.
+Scores are exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT); shutdown flushes pending ones.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
+
+import relevancy_tracer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rag_app import PythonReferenceRAG, extractive_generator  # noqa: E402
+
+rag: PythonReferenceRAG
+
+
+class AskRequest(BaseModel):
+    question: str
+
+
+class AskResponse(BaseModel):
+    answer: str
+    topics: list[str]
+
+
+@asynccontextmanager
+async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    global rag
+    relevancy_tracer.configure()
+    extractive = os.environ.get("EXAMPLE_GENERATOR") == "extractive"
+    rag = PythonReferenceRAG(generator=extractive_generator if extractive else None)
+    yield
+    relevancy_tracer.shutdown(timeout=30)
+
+
+app = FastAPI(title="Python reference Q&A", lifespan=lifespan)
+
+
+@app.post("/ask", response_model=AskResponse)
+@relevancy_tracer.trace(name="POST /ask", question="request.question", answer="return.answer")
+async def ask(request: AskRequest) -> AskResponse:
+    reply = await run_in_threadpool(rag.respond, request.question)
+    return AskResponse(answer=reply["answer"], topics=reply["topics"])

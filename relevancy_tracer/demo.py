@@ -1,0 +1,124 @@
+"""``relevancy-tracer demo``: the example RAG app, traced into a local Arize Phoenix.
+
+1. Starts ``phoenix serve`` on 127.0.0.1 (``PHOENIX_PORT``, default 4318: Phoenix then receives
+   OTLP/HTTP on the standard port; working directory ``./.phoenix``; telemetry off), or reuses
+   one already running there. ``--no-phoenix`` exports to ``OTEL_EXPORTER_OTLP_ENDPOINT``.
+2. Runs the example RAG app (``examples/rag_app.py``: Python's language reference, retrieval
+   with the embedded USE, generation with the embedded Qwen2.5-Coder-1.5B) over questions it
+   can and cannot answer; ``relevancy_tracer.trace`` scores each answer in the background.
+3. Prints question, answer, score and label as each result arrives, checks through Phoenix's
+   REST API that every answer span arrived with its ``relevancy.*`` attributes, and prints the
+   Phoenix URLs of the project and of each trace.
+
+Exit status 0 when every answer was scored and found in Phoenix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import relevancy_tracer
+
+from ._phoenix import PhoenixServer, free_port, port_is_free
+
+PROJECT = "relevancy-tracer-demo"
+SPAN_NAME = "python_docs_rag.answer"
+
+
+def _short(text: Optional[str], width: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class ResultTable:
+    """Prints one table row per evaluation as results arrive (an ``on_result`` hook)."""
+
+    def __init__(self, answers: dict) -> None:
+        self.answers = answers
+        self.outcomes: list[Any] = []
+        self.lock = threading.Lock()
+        self.done = threading.Condition(self.lock)
+
+    def header(self) -> None:
+        print(f"{'score':>6}  {'label':<20}  {'question':<48}  answer", flush=True)
+        print("-" * 120, flush=True)
+
+    def __call__(self, outcome: Any) -> None:
+        result = outcome.result
+        score = f"{result.score:6.3f}" if result is not None and result.ok else f"{'-':>6}"
+        label = result.label if result is not None and result.ok else outcome.status
+        answer = self.answers.get(outcome.question, "")
+        with self.done:
+            print(f"{score}  {label:<20}  {_short(outcome.question, 48):<48}  {_short(answer, 60)}", flush=True)
+            self.outcomes.append(outcome)
+            self.done.notify_all()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the demo (arguments: see ``relevancy-tracer demo --help``)."""
+    from ._examples.rag_app import QUESTIONS, PythonReferenceRAG
+
+    questions = list(QUESTIONS[: args.questions] if args.questions else QUESTIONS)
+    server: Optional[PhoenixServer] = None
+    started_here = False
+    if not args.no_phoenix:
+        port = args.phoenix_port or int(os.environ.get("PHOENIX_PORT", "4318"))
+        grpc_port = 4317 if port_is_free(4317) else free_port()
+        server = PhoenixServer(port, grpc_port, Path(os.environ.get("PHOENIX_WORKING_DIR", ".phoenix")))
+        if server.healthy():
+            print(f"Using the Phoenix already running at {server.url}", flush=True)
+        elif not port_is_free(port):
+            print(f"relevancy-tracer demo: port {port} is busy and is not Phoenix; set PHOENIX_PORT", file=sys.stderr)
+            return 2
+        else:
+            print(f"Starting Phoenix at {server.url} (working dir {server.working_dir}, log {server.log_path}) ...", flush=True)
+            server.start()
+            started_here = True
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = server.url
+        os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
+    os.environ.setdefault("OTEL_SERVICE_NAME", "python-docs-rag")
+    resource = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    os.environ["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(filter(None, [resource, f"openinference.project.name={PROJECT}"]))
+    os.environ.setdefault("OTEL_METRICS_EXPORTER", "none")  # Phoenix takes traces only
+    try:
+        answers: dict = {}
+        table = ResultTable(answers)
+        settings = relevancy_tracer.configure(on_result=table)
+        print(f"Scoring with {settings.resolved_llm_model} + {settings.resolved_embedding_model} (method {settings.method}).", flush=True)
+        print("Loading the example RAG app (Python's language reference) ...", flush=True)
+        rag = PythonReferenceRAG()
+        print(f"Asking {len(questions)} questions; each answer is scored in the background.\n", flush=True)
+        table.header()
+        started = time.monotonic()
+        for question in questions:
+            answers[question] = rag.answer(question)["answer"]
+        finished = relevancy_tracer.shutdown(timeout=1800)
+        elapsed = time.monotonic() - started
+        scored = [o for o in table.outcomes if o.status == "scored"]
+        print(f"\n{len(scored)} of {len(questions)} answers scored in {elapsed:.0f} s{'' if finished else ' (some evaluations did not finish)'}.", flush=True)
+        ok = len(scored) == len(questions)
+        if server is not None:
+            spans = server.wait_for_spans(PROJECT, lambda s: sum(1 for x in s if "relevancy.score" in (x.get("attributes") or {})) >= len(scored), timeout=60, name=[SPAN_NAME])
+            in_phoenix = [s for s in spans if "relevancy.score" in (s.get("attributes") or {})]
+            print(f"Phoenix has {len(in_phoenix)} answer spans with relevancy attributes. Open:", flush=True)
+            print(f"  project: {server.project_url(PROJECT)}", flush=True)
+            for outcome in table.outcomes:
+                print(f"  {_short(outcome.question, 48):<48}  {server.trace_url(outcome.trace_id)}", flush=True)
+            ok = ok and len(in_phoenix) >= len(scored)
+            if started_here and args.keep_running:
+                print(f"\nPhoenix keeps running at {server.url}; press Ctrl-C to stop it.", flush=True)
+                try:
+                    signal.pause() if hasattr(signal, "pause") else time.sleep(10**9)
+                except KeyboardInterrupt:
+                    pass
+        return 0 if ok else 1
+    finally:
+        if server is not None and started_here:
+            server.stop()

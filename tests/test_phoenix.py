@@ -1,0 +1,98 @@
+"""Arize Phoenix as the real OTLP backend: spans read back over its REST API; the demo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from relevancy_tracer._phoenix import PhoenixServer, free_port
+from relevancy_tracer.testing import FakeOpenAIServer
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.phoenix
+
+APP = textwrap.dedent(
+    """
+    import relevancy_tracer
+
+    relevancy_tracer.configure()
+
+    @relevancy_tracer.trace(name="phoenix_answer")
+    def answer(question: str) -> dict:
+        return {"answer": "France is in western Europe and Paris is its capital.",
+                "contexts": ["Paris is the capital and largest city of France."]}
+
+    answer("Where is France and what is its capital?")
+    assert relevancy_tracer.shutdown(60)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory):
+    server = PhoenixServer(free_port(), free_port(), tmp_path_factory.mktemp("phoenix"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def run_app(phoenix: PhoenixServer, project: str, protocol: str, model: FakeOpenAIServer) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELEVANCY_TRACER_", "OTEL_", "OPENAI_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
+    endpoint = phoenix.url if protocol == "http/protobuf" else f"http://127.0.0.1:{phoenix.grpc_port}"
+    env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        OTEL_RESOURCE_ATTRIBUTES=f"openinference.project.name={project}",
+        OTEL_METRICS_EXPORTER="none",
+        RELEVANCY_TRACER_LLM="openai",
+        RELEVANCY_TRACER_EMBEDDINGS="openai",
+        RELEVANCY_TRACER_LLM_BASE_URL=model.base_url,
+        RELEVANCY_TRACER_LLM_MODEL="fake-chat",
+        RELEVANCY_TRACER_EMBEDDING_MODEL="fake-embed",
+    )
+    proc = subprocess.run([sys.executable, "-c", APP], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_relevancy_attributes_arrive_in_phoenix(phoenix, server, protocol):
+    project = "otlp-" + protocol.split("/")[0]
+    run_app(phoenix, project, protocol, server)
+    spans = phoenix.wait_for_spans(project, lambda s: any("relevancy.score" in (x.get("attributes") or {}) for x in s), timeout=60, name=["phoenix_answer"])
+    assert len(spans) == 1, spans
+    attrs = spans[0]["attributes"]
+    assert attrs["input.value"] == "Where is France and what is its capital?"
+    assert attrs["output.value"] == "France is in western Europe and Paris is its capital."
+    assert attrs["relevancy.status"] == "scored" and 0 < attrs["relevancy.score"] <= 1
+    assert len(attrs["relevancy.generated_questions"]) == 3 and attrs["openinference.span.kind"] == "CHAIN"
+    assert attrs["retrieval.documents.0.document.content"].startswith("Paris is the capital")
+    assert [e["name"] for e in spans[0].get("events", [])] == ["gen_ai.evaluation.result"]
+
+
+@pytest.mark.local_models
+def test_demo_scores_answers_into_phoenix(tmp_path):
+    """`relevancy-tracer demo`: the example RAG app on the embedded models, traced into Phoenix."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELEVANCY_TRACER_", "OTEL_", "OPENAI_", "PHOENIX_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
+    env.update(PHOENIX_PORT=str(free_port()), PHOENIX_WORKING_DIR=str(tmp_path / "phoenix"))
+    command = [str(Path(sys.executable).parent / "relevancy-tracer"), "demo", "--questions", "3"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "3 of 3 answers scored" in out and "Phoenix has 3 answer spans with relevancy attributes" in out
+    assert out.count("/redirects/traces/") == 3 and "/redirects/projects/relevancy-tracer-demo" in out
+    rows = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[0].replace(".", "", 1).isdigit() and "  " in line:
+            question = line[30:78].strip()
+            rows[question] = float(parts[0])
+    assert len(rows) == 3, out
+    unknown = [score for question, score in rows.items() if "Australia" in question]
+    known = [score for question, score in rows.items() if "Australia" not in question]
+    assert unknown and unknown[0] < min(known), rows
