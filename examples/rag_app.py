@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 import relevancy_tracer
-from relevancy_tracer.models import shared_local_embedder, shared_local_llm
+from relevancy_tracer.models import shared_local_embedder
 
 #: Questions the reference answers, and questions it cannot (a careful app says it does not know).
 QUESTIONS = (
@@ -81,6 +82,22 @@ def load_passages(chunk_chars: int = 800, max_chars_per_topic: int = 4000) -> li
     return passages
 
 
+_generator_model = None
+
+
+def _app_llm():
+    """The app's own instance of the embedded LLM: the scorer has another, so an answer never
+    waits for a background evaluation to release the model (the weights are memory-mapped
+    once). ``RAG_APP_THREADS`` sets its CPU threads (default: all cores)."""
+    global _generator_model
+    if _generator_model is None:
+        from relevancy_tracer.models.local_llm import LocalChatModel
+
+        threads = int(os.environ["RAG_APP_THREADS"]) if os.environ.get("RAG_APP_THREADS") else None
+        _generator_model = LocalChatModel("qwen2.5-coder-1.5b", threads=threads)
+    return _generator_model
+
+
 def local_generator(question: str, passages: Sequence[str]) -> str:
     """Answer with the embedded local LLM from ``passages`` only (about 10-20 s on 2 cores)."""
     context = "\n\n---\n\n".join(passages)
@@ -93,7 +110,7 @@ def local_generator(question: str, passages: Sequence[str]) -> str:
         },
         {"role": "user", "content": f"Reference excerpts:\n{context}\n\nQuestion: {question}"},
     ]
-    return shared_local_llm().generate(messages, max_tokens=160)
+    return _app_llm().generate(messages, max_tokens=160)
 
 
 def extractive_generator(question: str, passages: Sequence[str]) -> str:

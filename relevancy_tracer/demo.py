@@ -87,6 +87,15 @@ def main(args: argparse.Namespace) -> int:
     resource = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     os.environ["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(filter(None, [resource, f"openinference.project.name={PROJECT}"]))
     os.environ.setdefault("OTEL_METRICS_EXPORTER", "none")  # Phoenix takes traces only
+    # The app generates with its own model instance while the scorer works in the background:
+    # one thread each keeps two llama.cpp processes from oversubscribing a small machine.
+    cores = os.cpu_count() or 1
+    os.environ.setdefault("RAG_APP_THREADS", str(max(1, cores // 2)))
+    os.environ.setdefault("RELEVANCY_TRACER_LOCAL_THREADS", str(max(1, cores - cores // 2)))
+    # Local scoring on a small CPU is slower than the app answers: hold answer spans for as long
+    # as the backlog needs instead of the production default (60 s).
+    os.environ.setdefault("RELEVANCY_TRACER_HOLD_TIMEOUT", "1800")
+    os.environ.setdefault("RELEVANCY_TRACER_EVALUATION_TIMEOUT", "600")
     try:
         answers: dict = {}
         table = ResultTable(answers)
