@@ -110,6 +110,8 @@ class Extractor:
             for name in CONTEXT_NAMES:
                 if name in call.arguments:
                     return documents(call.arguments[name])
+            if isinstance(call.result, _NO_FIELDS):  # the usual str answer: _lookup would miss every name
+                return None
             for name in CONTEXT_NAMES:
                 value = _lookup(call.result, name)
                 if value is not _MISSING:
@@ -142,10 +144,14 @@ class Extractor:
 _MISSING = object()
 
 
+#: Types :func:`_lookup` finds no key or attribute in (besides None).
+_NO_FIELDS = (str, bytes, int, float, list, tuple, type(None))
+
+
 def _lookup(obj: Any, key: str) -> Any:
     if isinstance(obj, dict):
         return obj.get(key, _MISSING)
-    if obj is None or isinstance(obj, (str, bytes, int, float, list, tuple)):
+    if isinstance(obj, _NO_FIELDS):
         return _MISSING
     return getattr(obj, key, _MISSING)
 

@@ -63,6 +63,10 @@ class AlwaysOn:
     def should_sample(self, context: SamplingContext) -> bool:
         return True
 
+    def sample_trace_id(self, trace_id: int) -> bool:
+        """The decision from the trace id alone (see :data:`TRACE_ID_SAMPLERS`)."""
+        return True
+
     def get_description(self) -> str:
         return "AlwaysOn"
 
@@ -71,6 +75,10 @@ class AlwaysOff:
     """Scores no call."""
 
     def should_sample(self, context: SamplingContext) -> bool:
+        return False
+
+    def sample_trace_id(self, trace_id: int) -> bool:
+        """The decision from the trace id alone (see :data:`TRACE_ID_SAMPLERS`)."""
         return False
 
     def get_description(self) -> str:
@@ -92,8 +100,12 @@ class TraceIdRatioSampler:
         self.bound = round(ratio * (_TRACE_ID_LIMIT + 1))
 
     def should_sample(self, context: SamplingContext) -> bool:
-        if context.trace_id:
-            return (context.trace_id & _TRACE_ID_LIMIT) < self.bound
+        return self.sample_trace_id(context.trace_id)
+
+    def sample_trace_id(self, trace_id: int) -> bool:
+        """The decision from the trace id alone (see :data:`TRACE_ID_SAMPLERS`)."""
+        if trace_id:
+            return (trace_id & _TRACE_ID_LIMIT) < self.bound
         return random.random() < self.ratio
 
     def get_description(self) -> str:
@@ -160,6 +172,12 @@ class AllOf:
 
     def get_description(self) -> str:
         return "AllOf{" + ",".join(s.get_description() for s in self.samplers) + "}"
+
+
+#: Samplers whose decision depends on the trace id only: for exactly these types (not
+#: subclasses, which may override ``should_sample``) the tracer calls ``sample_trace_id`` and
+#: skips building a :class:`SamplingContext` on every call. The decision is the same.
+TRACE_ID_SAMPLERS = (AlwaysOn, AlwaysOff, TraceIdRatioSampler)
 
 
 def build_sampler(ratio: float = 1.0, rate_limit: Optional[float] = None, fn: Optional[Callable[[SamplingContext], Any]] = None) -> Sampler:

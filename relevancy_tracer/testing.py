@@ -181,6 +181,10 @@ def hashed_embedding(text: str, dims: int = 64) -> list[float]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle's algorithm on, the body waits for the
+    # client's delayed ACK of the headers on a keep-alive connection (~40 ms on Linux), which
+    # would add to every reply's scripted delay.
+    disable_nagle_algorithm = True
     server: "_Server"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
@@ -260,6 +264,9 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog is 5: a burst of new connections (an async client opening
+    # one per concurrent request) overflows it and the dropped SYNs are retried after 1 s.
+    request_queue_size = 256
     owner: "FakeOpenAIServer"
 
 

@@ -39,7 +39,7 @@ from .otel.metrics import shared_metrics
 from .otel.setup import OwnedProviders, install_providers, service_name
 from .otel.spans import content_attributes, evaluation_event, result_attributes, suppressed_instrumentation
 from .result import RelevancyResult, Status
-from .sampling import SamplingContext, build_sampler
+from .sampling import TRACE_ID_SAMPLERS, SamplingContext, build_sampler
 from .scoring.engine import Engine
 from .worker import Worker
 
@@ -243,10 +243,10 @@ class CallState:
             return
         tracer, options, span = self.tracer, self.options, self.span
         end_time = time.time_ns()
+        content: Optional[dict] = None  # content attributes not yet set on the span
         try:
             settings = tracer.settings
-            call = CallInfo(args=args, kwargs=kwargs, result=result, instance=instance)
-            call.arguments = options.extractor.arguments(args, kwargs, bound=options.bound or instance is not None)
+            call = CallInfo(args, kwargs, options.extractor.arguments(args, kwargs, bound=options.bound or instance is not None), result, instance)
             if self.chunks is not None:
                 call.result = "".join(self.chunks)
             question = answer = None
@@ -264,21 +264,32 @@ class CallState:
                 # never record or send unredacted text
                 self._end_now(Status.ERROR, f"redaction hook raised {type(exc).__name__}: {exc}", end_time=end_time, error_type="redaction")
                 return
-            if settings.capture_content and span.is_recording():
-                span.set_attributes(content_attributes(question, answer, contexts, settings.max_content_chars))
+            # The content attributes are set together with the outcome's attributes (one
+            # set_attributes call, in the same order: content first); samplers never see the span.
+            content = content_attributes(question, answer, contexts, settings.max_content_chars) if settings.capture_content and span.is_recording() else None
             if extraction_error is not None:
+                if content:
+                    span.set_attributes(content)
+                content = None
                 span.set_attribute(A.EXTRACTION_ERROR, extraction_error)
                 self._end_now(Status.ERROR, extraction_error, end_time=end_time, error_type="extraction")
                 return
             trace_id = span.get_span_context().trace_id
+            sampler = tracer.sampler
             try:
-                sampled = tracer.sampler.should_sample(SamplingContext(trace_id, options.name, question, answer, contexts, call.arguments))
+                if type(sampler) in TRACE_ID_SAMPLERS:  # decides on the trace id alone
+                    sampled = sampler.sample_trace_id(trace_id)
+                else:
+                    sampled = sampler.should_sample(SamplingContext(trace_id, options.name, question, answer, contexts, call.arguments))
             except Exception as exc:
-                self._end_now(Status.ERROR, f"sampler raised {type(exc).__name__}: {exc}", end_time=end_time, error_type="sampler")
+                self._end_now(Status.ERROR, f"sampler raised {type(exc).__name__}: {exc}", end_time=end_time, error_type="sampler", attributes=content)
                 return
             if not sampled:
-                self._end_now(Status.NOT_SAMPLED, end_time=end_time)
+                self._end_now(Status.NOT_SAMPLED, end_time=end_time, attributes=content)
                 return
+            if content:
+                span.set_attributes(content)
+            content = None
             job = EvaluationJob(self, question, answer, contexts, end_time)  # type: ignore[arg-type]
             if settings.attach == "answer_span":
                 self._ended = True  # the job owns the span from here: it ends it exactly once
@@ -288,7 +299,7 @@ class CallState:
                 self._end_span(end_time)
         except Exception as exc:
             logger.exception("relevancy-tracer: handling a traced call failed")
-            self._end_now(Status.ERROR, f"internal error: {type(exc).__name__}: {exc}", end_time=end_time, error_type="internal")
+            self._end_now(Status.ERROR, f"internal error: {type(exc).__name__}: {exc}", end_time=end_time, error_type="internal", attributes=content or None)
 
     def _end_span(self, end_time: Optional[int] = None) -> None:
         if self._ended:
@@ -299,15 +310,26 @@ class CallState:
         except Exception:
             logger.exception("relevancy-tracer: ending a span failed")
 
-    def _end_now(self, status: str, error: Optional[str] = None, *, end_time: Optional[int] = None, error_type: Optional[str] = None) -> None:
+    def _end_now(
+        self,
+        status: str,
+        error: Optional[str] = None,
+        *,
+        end_time: Optional[int] = None,
+        error_type: Optional[str] = None,
+        attributes: Optional[dict] = None,
+    ) -> None:
+        """End the span at once with ``status`` (``attributes`` first, in one call) and count it."""
         if self._ended:
             return
         try:
-            self.span.set_attribute(A.STATUS, status)
+            attrs = attributes if attributes is not None else {}
+            attrs[A.STATUS] = status
             if error:
-                self.span.set_attribute(A.ERROR, error)
+                attrs[A.ERROR] = error
             if error_type:
-                self.span.set_attribute(A.ERROR_TYPE, error_type)
+                attrs[A.ERROR_TYPE] = error_type
+            self.span.set_attributes(attrs)
         except Exception:
             pass
         self._end_span(end_time)
