@@ -37,10 +37,14 @@ system-deps:
 test: $(VENV)/.installed-dev system-deps
 	$(PY) -m pytest -ra
 
-bench: $(VENV)/.installed-dev
-	$(PIP) install -e '.[bench]'
-	$(PY) benchmarks/overhead.py
-	$(PY) benchmarks/throughput.py
+# Peers (ragas, traceloop, langfuse) live in their own venv: their pins clash with the dev tools.
+.venv-bench/bin/python:
+	$(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/python -m pip install -e '.[bench]'
+
+bench: .venv-bench/bin/python $(VENV)/.installed-demo
+	.venv-bench/bin/python benchmarks/throughput.py
+	.venv-bench/bin/python benchmarks/overhead.py
 	$(PY) benchmarks/quality.py
 
 clean:

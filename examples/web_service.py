@@ -57,7 +57,7 @@ app = FastAPI(title="Python reference Q&A", lifespan=lifespan)
 
 
 @app.post("/ask", response_model=AskResponse)
-@relevancy_tracer.trace(name="POST /ask", question="request.question", answer="return.answer")
+@relevancy_tracer.trace(name="qa.ask", question="request.question", answer="return.answer")
 async def ask(request: AskRequest) -> AskResponse:
     reply = await run_in_threadpool(rag.respond, request.question)
     return AskResponse(answer=reply["answer"], topics=reply["topics"])

@@ -14,6 +14,24 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 T = TypeVar("T")
 
+#: Coroutines that release what a finishing event loop owns (HTTP client sessions bound to
+#: it); run in that loop by :func:`run_loop_closers` before it closes.
+_closers: list[Callable[[], Awaitable[None]]] = []
+
+
+def register_loop_closer(closer: Callable[[], Awaitable[None]]) -> None:
+    """Run ``await closer()`` in every loop this package owns, before that loop closes."""
+    _closers.append(closer)
+
+
+async def run_loop_closers() -> None:
+    """Run the registered closers in the current loop (errors are ignored)."""
+    for closer in list(_closers):
+        try:
+            await closer()
+        except Exception:
+            pass
+
 
 class BackgroundLoop:
     """Lazily started event loop in a daemon thread named ``name``."""
@@ -60,6 +78,11 @@ class BackgroundLoop:
             self._loop = self._thread = None
         if loop is None or thread is None or self._pid != os.getpid():
             return
+
+        try:
+            asyncio.run_coroutine_threadsafe(run_loop_closers(), loop).result(timeout)
+        except Exception:
+            pass
 
         def halt() -> None:
             for task in asyncio.all_tasks(loop):

@@ -23,7 +23,7 @@ logger = logging.getLogger("relevancy_tracer")
 
 ENV_PREFIX = "RELEVANCY_TRACER_"
 
-METHODS = ("ragas", "llm_similarity", "direct", "decomposition", "intent", "combined")
+METHODS = ("ragas_intent", "ragas", "llm_similarity", "direct", "decomposition", "intent", "combined")
 NONCOMMITTAL_RULES = ("all", "any", "per_question")
 GENERATION_MODES = ("joint", "independent")
 BACKENDS = ("local", "openai")
@@ -250,9 +250,9 @@ class Settings:
     temperature: float = 0.0
     local_threads: Optional[int] = None
     local_context: int = 4096
-    method: str = "ragas"
+    method: str = "ragas_intent"
     strictness: int = 3
-    noncommittal: str = "all"
+    noncommittal: str = "per_question"
     generation: str = "joint"
     thresholds: tuple[float, float, float] = DEFAULT_THRESHOLDS
     combined_weights: tuple[tuple[str, float], ...] = DEFAULT_COMBINED_WEIGHTS

@@ -31,6 +31,7 @@ import weakref
 from collections import deque
 from typing import Optional, Protocol
 
+from ._loop import run_loop_closers
 from .result import Status
 
 logger = logging.getLogger("relevancy_tracer")
@@ -267,6 +268,7 @@ class Worker:
             reaper.cancel()
             if self._running:
                 await asyncio.gather(*list(self._running), return_exceptions=True)
+            await run_loop_closers()  # e.g. HTTP sessions bound to this loop
 
     async def _run(self, job: Job, slots: asyncio.Semaphore) -> None:
         try:

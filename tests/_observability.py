@@ -129,6 +129,7 @@ def app_env(**overrides: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RELEVANCY_TRACER_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"
+    env["RELEVANCY_TRACER_METHOD"] = "ragas"  # ScoreDial sets the ragas (cosine) score exactly
     env.update(overrides)
     return env
 

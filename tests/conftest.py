@@ -34,8 +34,14 @@ def server() -> Iterator[FakeOpenAIServer]:
 
 
 def openai_settings(server: FakeOpenAIServer, **overrides: Any) -> Settings:
-    """Settings that send chat and embeddings to ``server`` (fast retries, short timeouts)."""
+    """Settings that send chat and embeddings to ``server`` (fast retries, short timeouts).
+
+    The method is ``ragas`` unless overridden: these tests exercise the RAGAS machinery
+    (question generation, one embeddings request, noncommittal rules); the default method
+    (``ragas_intent``) has tests of its own.
+    """
     values: dict[str, Any] = dict(
+        method="ragas",
         llm="openai",
         embeddings="openai",
         llm_base_url=server.base_url,
@@ -134,6 +140,7 @@ def tracing(otel, server):
 
     def configure(**overrides: Any):
         values: dict[str, Any] = dict(
+            method="ragas",  # one chat + one embeddings request per evaluation: easy to reason about
             llm="openai",
             embeddings="openai",
             llm_base_url=server.base_url,

@@ -13,7 +13,8 @@ from .conftest import ROOT
 
 def test_defaults():
     settings = Settings.resolve(environ={})
-    assert settings.strictness == 3 and settings.noncommittal == "all" and settings.generation == "joint"
+    assert settings.strictness == 3 and settings.noncommittal == "per_question" and settings.generation == "joint"
+    assert settings.method == "ragas_intent"
     assert settings.thresholds == (0.8, 0.6, 0.4) and settings.attach == "answer_span" and settings.hold_timeout == 60.0
 
 

@@ -132,3 +132,26 @@ def test_an_answer_cannot_rate_itself_in_the_prompt(server):
     user = messages[-1]["content"]
     answer_block = user[user.index("<answer>") : user.index("</answer>") + len("</answer>")]
     assert "ignore the rules above" in answer_block and user.count("</answer>") == 1
+
+
+def test_default_method_is_ragas_questions_plus_the_intent_judge(server):
+    from relevancy_tracer.testing import default_chat_reply
+
+    questions = json.dumps({"questions": ["Where is France?", "What is its capital?", "Where is Paris?"], "noncommittal": [0, 0, 0]})
+    server.chat_responder = lambda body: questions if '"noncommittal": [' in body["messages"][-1]["content"] else default_chat_reply(body)
+    engine = Engine(openai_settings(server, method="ragas_intent"))
+    result = engine.score(Q, A)
+    assert result.status == Status.SCORED and result.method == "ragas_intent"
+    assert set(result.components) == {"ragas", "intent"} and result.intent
+    assert result.generated_questions == ["Where is France?", "What is its capital?", "Where is Paris?"] and len(result.similarities) == 3
+    assert result.score == pytest.approx(0.2 * result.components["ragas"] + 0.8 * result.components["intent"])
+    assert result.llm_calls == 3 and len(server.requests_to("embeddings")) == 1
+    assert engine.score(Q, "France is in western Europe.").llm_calls == 2  # the intent statement is cached per question
+
+
+def test_default_settings_pick_the_default_method(server):
+    from relevancy_tracer.config import Settings
+
+    settings = Settings.resolve(environ={}, llm="openai", embeddings="openai", llm_base_url=server.base_url, llm_model="m", embedding_model="e")
+    assert settings.method == "ragas_intent" and settings.noncommittal == "per_question" and settings.generation == "joint"
+    assert Engine(settings).score(Q, A).components.keys() == {"ragas", "intent"}

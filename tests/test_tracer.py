@@ -738,3 +738,18 @@ def test_on_result_hook_receives_every_outcome(tracing, otel, server):
     span = only_span(otel, "hooked")
     assert outcome.status == "scored" and outcome.result.score == attrs_of(span)[A.SCORE]
     assert outcome.trace_id == format(span.context.trace_id, "032x")
+
+
+def test_default_method_components_on_the_span(tracing, otel):
+    tracing(method="ragas_intent")
+
+    @relevancy_tracer.trace(name="default_method")
+    def answer(question):
+        return ANSWER
+
+    answer(QUESTION)
+    assert relevancy_tracer.flush(10)
+    a = attrs_of(only_span(otel, "default_method"))
+    assert a[A.METHOD] == "ragas_intent" and a[A.STATUS] == "scored"
+    assert a[A.SCORE] == pytest.approx(0.2 * a["relevancy.components.ragas"] + 0.8 * a["relevancy.components.intent"])
+    assert len(a[A.GENERATED_QUESTIONS]) == 3 and a[A.INTENT]

@@ -11,10 +11,7 @@ OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
 SPAN_KIND_CHAIN = "CHAIN"
 SPAN_KIND_EVALUATOR = "EVALUATOR"
 INPUT_VALUE = "input.value"
-INPUT_MIME_TYPE = "input.mime_type"
 OUTPUT_VALUE = "output.value"
-OUTPUT_MIME_TYPE = "output.mime_type"
-MIME_TEXT = "text/plain"
 RETRIEVAL_DOCUMENT_CONTENT = "retrieval.documents.{index}.document.content"
 
 # --- GenAI semantic conventions: evaluation event

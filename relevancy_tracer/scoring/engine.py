@@ -8,7 +8,9 @@ in the call itself (an unknown setting name, a setting value out of range) raise
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import threading
 import time
 from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
 
@@ -42,6 +44,7 @@ MODEL_FIELDS = (
 
 
 _sync_loop = BackgroundLoop("relevancy-tracer-sync")
+atexit.register(_sync_loop.stop)  # closes HTTP sessions bound to it before exit
 
 
 def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
@@ -100,6 +103,8 @@ class Engine:
         self.settings = settings or Settings.resolve()
         self._models = models
         self._cache = StepCache()
+        self._override_models: dict[tuple, Models] = {}
+        self._override_lock = threading.Lock()
 
     @property
     def models(self) -> Models:
@@ -109,9 +114,20 @@ class Engine:
         return self._models
 
     def _models_for(self, settings: Settings) -> Models:
-        if all(getattr(settings, f) == getattr(self.settings, f) for f in MODEL_FIELDS):
+        """Backends for ``settings``: the engine's own, or ones built for per-call model
+        overrides, kept in a small LRU so their HTTP clients are reused (and closed with
+        their loop) instead of being rebuilt and dropped on every call."""
+        key = tuple(getattr(settings, f) for f in MODEL_FIELDS)
+        if key == tuple(getattr(self.settings, f) for f in MODEL_FIELDS):
             return self.models
-        return build_models(settings)
+        with self._override_lock:
+            models = self._override_models.pop(key, None)
+            if models is None:
+                models = build_models(settings)
+            self._override_models[key] = models  # most recent last
+            while len(self._override_models) > 8:
+                self._override_models.pop(next(iter(self._override_models)))
+            return models
 
     def settings_for(self, overrides: dict[str, Any]) -> Settings:
         """Settings with per-call ``overrides`` (raises TypeError/ValueError on bad ones)."""
