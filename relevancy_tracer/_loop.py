@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import weakref
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 T = TypeVar("T")
@@ -17,6 +18,16 @@ T = TypeVar("T")
 #: Coroutines that release what a finishing event loop owns (HTTP client sessions bound to
 #: it); run in that loop by :func:`run_loop_closers` before it closes.
 _closers: list[Callable[[], Awaitable[None]]] = []
+
+
+#: Loops created by :class:`BackgroundLoop`: this package runs the closers in them before they
+#: close, so resources bound to them (an aiohttp session) may be long-lived.
+_owned: "weakref.WeakSet[asyncio.AbstractEventLoop]" = weakref.WeakSet()
+
+
+def is_owned_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """True for a loop of a :class:`BackgroundLoop` (closed by this package, with its closers)."""
+    return loop in _owned
 
 
 def register_loop_closer(closer: Callable[[], Awaitable[None]]) -> None:
@@ -49,6 +60,7 @@ class BackgroundLoop:
             if self._loop is None or self._pid != os.getpid() or not (self._thread and self._thread.is_alive()):
                 self._pid = os.getpid()
                 loop = asyncio.new_event_loop()
+                _owned.add(loop)
                 ready = threading.Event()
 
                 def run() -> None:

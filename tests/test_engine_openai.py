@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from relevancy_tracer.result import Status
 from relevancy_tracer.scoring.engine import Engine, run_sync
 from relevancy_tracer.testing import Delay, Drop, Raw, Status as HTTPStatus, hashed_embedding
 
-from .conftest import openai_settings
+from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env
 
 Q = "Where is France and what is its capital?"
 GOOD = "France is in western Europe and Paris is its capital."
@@ -264,3 +266,21 @@ def test_public_api_uses_configured_engine(server):
         assert [r.status for r in relevancy_tracer.evaluate([{"question": Q, "answer": GOOD}])] == ["scored"]
     finally:
         runtime.reset()
+
+
+def test_ascore_on_the_callers_loops_leaves_no_http_session_open(server):
+    """``await ascore()`` under ``asyncio.run`` (a fresh loop per call, closed by the caller):
+    the client made for that loop must not leave an unclosed aiohttp session or connector,
+    which aiohttp reports on stderr when the loop's objects are collected."""
+    app = (
+        "import asyncio, gc, relevancy_tracer\n"
+        "for _ in range(3):\n"
+        "    r = asyncio.run(relevancy_tracer.ascore('What is X?', 'X is Y.', method='ragas'))\n"
+        "    assert r.status == 'scored', r.error\n"
+        "gc.collect()\n"
+        "print(relevancy_tracer.score('What is X?', 'X is Y.', method='ragas').status)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", app], env=subprocess_env(fake_model_env(server)), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "scored"
+    assert "Unclosed" not in proc.stderr, proc.stderr[-3000:]

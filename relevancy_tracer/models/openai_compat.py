@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .._loop import register_loop_closer
+from .._loop import is_owned_loop, register_loop_closer
 from .base import ChatReply, EmbeddingReply, ModelError
 
 logger = logging.getLogger("relevancy_tracer")
@@ -53,7 +53,10 @@ class _ClientPool:
     """One ``AsyncOpenAI`` client per event loop.
 
     An async HTTP client is bound to the loop it first ran on; the worker owns one long-lived
-    loop (so it pools connections), while ``score()`` may run a fresh loop per call.
+    loop (so it pools connections), while ``score()`` may run a fresh loop per call. Loops this
+    package owns get the faster aiohttp transport, closed with the loop; a caller's own loop
+    (``await ascore()`` under ``asyncio.run``) gets openai's default httpx transport, which
+    needs no closing, so no aiohttp session is left unclosed when that loop ends.
     """
 
     def __init__(self, base_url: Optional[str], api_key: Optional[str], timeout: float, max_retries: int):
@@ -81,7 +84,7 @@ class _ClientPool:
                         base_url=self._base_url or None,
                         timeout=self._timeout,
                         max_retries=self._max_retries,
-                        http_client=_aiohttp_client(),
+                        http_client=_aiohttp_client() if is_owned_loop(loop) else None,
                     )
                 except openai.OpenAIError as exc:  # e.g. no API key anywhere
                     raise ModelError(f"cannot create the OpenAI client: {exc}") from exc
