@@ -15,13 +15,16 @@ judge facts). Reported per configuration:
 The noncommittal rules (all / any / per_question) are recomputed from the same generated
 questions, flags and similarities, so they cost no extra model calls; weighted combinations of
 components are likewise derived from the component runs ("derived" rows, whose cost is the sum
-of their components'). Methods named in ``--methods`` are run for real.
+of their components'). Methods named in ``--methods`` are run for real; with ``--reuse FILE``
+the records of every other configuration in an earlier results file are kept and summarised
+again, so one changed method is rerun without rerunning the rest.
 
 Usage::
 
     python benchmarks/quality.py                       # every method, local models
     python benchmarks/quality.py --methods ragas_direct --out benchmarks/results/default.json
     python benchmarks/quality.py --rows 3 --methods direct   # quick look
+    python benchmarks/quality.py --methods intent,ragas_intent --reuse benchmarks/results/quality.json
 """
 
 from __future__ import annotations
@@ -171,7 +174,9 @@ def main() -> int:
     parser.add_argument("--llm", default="local")
     parser.add_argument("--embeddings", default="local")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "quality.json")
+    parser.add_argument("--reuse", type=Path, default=None, help="keep the records of configurations not run now from this earlier results file")
     args = parser.parse_args()
+    reused: dict[str, list[dict]] = json.loads(args.reuse.read_text(encoding="utf-8"))["runs"] if args.reuse else {}
 
     rows = load_rows(args.data, args.rows)
     engine = Engine(Settings.resolve(llm=args.llm, embeddings=args.embeddings))
@@ -197,12 +202,25 @@ def main() -> int:
             else:
                 summaries.append(summarise(name, records))
 
+    for key, records in reused.items():
+        if key in runs:
+            continue
+        runs[key] = records
+        method, _, mode = key.partition("-")
+        name = f"ragas, generation={mode or 'joint'}" if method == "ragas" else method
+        summaries.extend(noncommittal_variants(name, records) if method == "ragas" else [summarise(name, records)])
+
     if {"ragas", "direct"} <= set(runs):
         summaries.append(combination("ragas + direct (0.5/0.5)", runs, {"ragas": 0.5, "direct": 0.5}))
     if {"ragas", "direct", "decomposition", "intent"} <= set(runs):
         summaries.append(combination("seed weights, from components", runs, {"ragas": 0.3, "direct": 0.25, "decomposition": 0.25, "intent": 0.2}))
     if {"ragas", "direct", "decomposition"} <= set(runs):
         summaries.append(combination("ragas + direct + decomposition (1/3 each)", runs, {"ragas": 1, "direct": 1, "decomposition": 1}))
+
+    if {"ragas", "intent"} <= set(runs):
+        # The ragas share of the default `ragas_intent`, swept over the component runs.
+        for weight in (0.1, 0.2, 0.3, 0.5):
+            summaries.append(combination(f"ragas {weight} + intent {1 - weight:.1f}, from components", runs, {"ragas": weight, "intent": 1 - weight}))
 
     table = markdown(summaries)
     print("\n" + table)

@@ -230,12 +230,18 @@ INTENT_SCHEMA: dict = {
 
 
 def intent(question: str) -> list[dict]:
-    """Seed 000: the intent, or purpose, of the question in one sentence."""
+    """Seed 000: the intent of the question in one sentence, naming each fact it asks for.
+
+    The worked example is about an unrelated question so it cannot be copied. Without it the
+    local 1.5B model answered ``{"intent": "information"}`` for every WikiEval question.
+    """
     return _messages(
         "Question to analyse:\n"
         + question_block(question)
-        + "\nTask: state in one sentence the intent of this question: what type of information the asker "
-        'is seeking. Reply as {"intent": "..."}.'
+        + "\nTask: state the intent of this question in one sentence: what the asker wants to know, naming each "
+        "specific fact or explanation requested.\n"
+        'Example: for "Who wrote Hamlet and when?" the intent is "The asker wants the author of Hamlet and the year it was written."\n'
+        'Reply as {"intent": "The asker wants ..."}.'
     )
 
 
