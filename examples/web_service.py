@@ -20,7 +20,7 @@ import os
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
@@ -31,7 +31,7 @@ import relevancy_tracer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rag_app import PythonReferenceRAG, extractive_generator  # noqa: E402
 
-rag: PythonReferenceRAG
+rag: Optional[PythonReferenceRAG] = None  # built at startup
 
 
 class AskRequest(BaseModel):
@@ -59,5 +59,6 @@ app = FastAPI(title="Python reference Q&A", lifespan=lifespan)
 @app.post("/ask", response_model=AskResponse)
 @relevancy_tracer.trace(name="qa.ask", question="request.question", answer="return.answer")
 async def ask(request: AskRequest) -> AskResponse:
+    assert rag is not None, "the app has not started"
     reply = await run_in_threadpool(rag.respond, request.question)
     return AskResponse(answer=reply["answer"], topics=reply["topics"])

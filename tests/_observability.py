@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, subprocess_env
 
 APP_SCRIPT = ROOT / "tests" / "traced_app.py"
 COLLECTOR_CONFIG = ROOT / "collector-config"
@@ -126,7 +126,7 @@ class ServerProcess:
 def app_env(**overrides: str) -> dict:
     """The environment of an app subprocess: this process's, without OTEL_* and
     RELEVANCY_TRACER_* settings, importing relevancy_tracer from this checkout."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RELEVANCY_TRACER_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
+    env = subprocess_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"
     env["RELEVANCY_TRACER_METHOD"] = "ragas"  # ScoreDial sets the ragas (cosine) score exactly

@@ -33,6 +33,26 @@ def server() -> Iterator[FakeOpenAIServer]:
         yield fake
 
 
+def fake_model_settings(server: FakeOpenAIServer) -> dict[str, Any]:
+    """Settings sending chat and embeddings to ``server`` (as arguments)."""
+    return dict(llm="openai", embeddings="openai", llm_base_url=server.base_url, llm_model="fake-chat", embedding_model="fake-embed")
+
+
+def fake_model_env(server: FakeOpenAIServer) -> dict[str, str]:
+    """The same settings as ``RELEVANCY_TRACER_*`` environment variables (for subprocesses)."""
+    return {"RELEVANCY_TRACER_" + name.upper(): value for name, value in fake_model_settings(server).items()}
+
+
+def subprocess_env(*extra: dict, **more: str) -> dict[str, str]:
+    """This process's environment without OTEL_*, OPENAI_*, PHOENIX_* and RELEVANCY_TRACER_*
+    settings (the model cache directory is kept), plus ``extra``/``more``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELEVANCY_TRACER_", "OTEL_", "OPENAI_", "PHOENIX_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
+    for mapping in extra:
+        env.update(mapping)
+    env.update(more)
+    return env
+
+
 def openai_settings(server: FakeOpenAIServer, **overrides: Any) -> Settings:
     """Settings that send chat and embeddings to ``server`` (fast retries, short timeouts).
 
@@ -40,16 +60,7 @@ def openai_settings(server: FakeOpenAIServer, **overrides: Any) -> Settings:
     (question generation, one embeddings request, noncommittal rules); the default method
     (``ragas_intent``) has tests of its own.
     """
-    values: dict[str, Any] = dict(
-        method="ragas",
-        llm="openai",
-        embeddings="openai",
-        llm_base_url=server.base_url,
-        llm_model="fake-chat",
-        embedding_model="fake-embed",
-        llm_timeout=5.0,
-        llm_max_retries=2,
-    )
+    values: dict[str, Any] = dict(method="ragas", llm_timeout=5.0, llm_max_retries=2, **fake_model_settings(server))
     values.update(overrides)
     return Settings.resolve(**values)
 
@@ -139,16 +150,8 @@ def tracing(otel, server):
     otel.ledger.clear()
 
     def configure(**overrides: Any):
-        values: dict[str, Any] = dict(
-            method="ragas",  # one chat + one embeddings request per evaluation: easy to reason about
-            llm="openai",
-            embeddings="openai",
-            llm_base_url=server.base_url,
-            llm_model="fake-chat",
-            embedding_model="fake-embed",
-            llm_timeout=5.0,
-            llm_max_retries=0,
-        )
+        # method ragas: one chat + one embeddings request per evaluation, easy to reason about
+        values: dict[str, Any] = dict(method="ragas", llm_timeout=5.0, llm_max_retries=0, **fake_model_settings(server))
         values.update(overrides)
         return relevancy_tracer.configure(**values)
 

@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from relevancy_tracer.testing import FakeOpenAIServer
 
-from .conftest import WIKIEVAL
+from .conftest import WIKIEVAL, fake_model_env, subprocess_env
 
 
 def cli_env(server: FakeOpenAIServer) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELEVANCY_TRACER_") or k == "RELEVANCY_TRACER_CACHE_DIR"}
-    env.update(
-        RELEVANCY_TRACER_LLM="openai",
-        RELEVANCY_TRACER_EMBEDDINGS="openai",
-        RELEVANCY_TRACER_LLM_BASE_URL=server.base_url,
-        RELEVANCY_TRACER_LLM_MODEL="fake-chat",
-        RELEVANCY_TRACER_EMBEDDING_MODEL="fake-embed",
-        RELEVANCY_TRACER_LLM_MAX_RETRIES="0",
-    )
-    return env
+    return subprocess_env(fake_model_env(server), RELEVANCY_TRACER_LLM_MAX_RETRIES="0")
 
 
 def run_cli(server, *args, timeout=120):

@@ -7,35 +7,22 @@ exercised by the demo test); retrieval uses the embedded USE as in production.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
 
-import pytest
-
 from relevancy_tracer._phoenix import free_port
 from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
 
-from .conftest import ROOT, WIKIEVAL
+from .conftest import ROOT, WIKIEVAL, fake_model_env, subprocess_env
 
 EXAMPLES = ROOT / "examples"
 
 
 def example_env(server: FakeOpenAIServer, receiver: OTLPReceiver) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELEVANCY_TRACER_", "OTEL_", "OPENAI_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
-    env.update(
-        RELEVANCY_TRACER_LLM="openai",
-        RELEVANCY_TRACER_EMBEDDINGS="openai",
-        RELEVANCY_TRACER_LLM_BASE_URL=server.base_url,
-        RELEVANCY_TRACER_LLM_MODEL="fake-chat",
-        RELEVANCY_TRACER_EMBEDDING_MODEL="fake-embed",
-        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.http_endpoint,
-        OTEL_METRICS_EXPORTER="none",
-    )
-    return env
+    return subprocess_env(fake_model_env(server), OTEL_EXPORTER_OTLP_ENDPOINT=receiver.http_endpoint, OTEL_METRICS_EXPORTER="none")
 
 
 def scored_spans(receiver: OTLPReceiver, name: str, count: int) -> list[dict]:

@@ -8,7 +8,7 @@ import pytest
 
 from relevancy_tracer.result import Status
 from relevancy_tracer.scoring.engine import Engine
-from relevancy_tracer.testing import Delay, Status as HTTPStatus
+from relevancy_tracer.testing import Status as HTTPStatus
 
 from .conftest import openai_settings
 

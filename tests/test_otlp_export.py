@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +10,7 @@ import pytest
 
 from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
 
-from .conftest import ROOT
+from .conftest import ROOT, fake_model_env, subprocess_env
 
 APP = textwrap.dedent(
     """
@@ -33,19 +32,7 @@ APP = textwrap.dedent(
 
 
 def run_app(env_extra: dict, mode: str = "explicit", timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELEVANCY_TRACER_", "OTEL_", "OPENAI_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
-    env.update(env_extra)
-    return subprocess.run([sys.executable, "-c", APP, mode], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-
-
-def model_env(server: FakeOpenAIServer) -> dict:
-    return {
-        "RELEVANCY_TRACER_LLM": "openai",
-        "RELEVANCY_TRACER_EMBEDDINGS": "openai",
-        "RELEVANCY_TRACER_LLM_BASE_URL": server.base_url,
-        "RELEVANCY_TRACER_LLM_MODEL": "fake-chat",
-        "RELEVANCY_TRACER_EMBEDDING_MODEL": "fake-embed",
-    }
+    return subprocess.run([sys.executable, "-c", APP, mode], env=subprocess_env(env_extra), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def relevancy_span(receiver: OTLPReceiver) -> dict:
@@ -59,7 +46,7 @@ def relevancy_span(receiver: OTLPReceiver) -> dict:
 def test_span_and_metrics_reach_an_otlp_receiver(protocol):
     with FakeOpenAIServer() as server, OTLPReceiver() as receiver:
         endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
-        proc = run_app({**model_env(server), "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": "rag-e2e"})
+        proc = run_app({**fake_model_env(server), "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": "rag-e2e"})
         assert proc.returncode == 0, proc.stderr
         span = relevancy_span(receiver)
         a = span["attributes"]
@@ -76,14 +63,14 @@ def test_span_and_metrics_reach_an_otlp_receiver(protocol):
 
 def test_shutdown_at_interpreter_exit_exports_held_spans():
     with FakeOpenAIServer() as server, OTLPReceiver(grpc=False) as receiver:
-        proc = run_app({**model_env(server), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint}, mode="atexit")
+        proc = run_app({**fake_model_env(server), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint}, mode="atexit")
         assert proc.returncode == 0, proc.stderr
         assert relevancy_span(receiver)["attributes"]["relevancy.status"] == "scored"
 
 
 def test_otel_sdk_disabled_exports_nothing_and_the_app_runs():
     with FakeOpenAIServer() as server, OTLPReceiver(grpc=False) as receiver:
-        proc = run_app({**model_env(server), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_SDK_DISABLED": "true"})
+        proc = run_app({**fake_model_env(server), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_SDK_DISABLED": "true"})
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == "France is in western Europe and Paris is its capital."
         assert receiver.spans == [] and receiver.metrics == []

@@ -13,7 +13,7 @@ import pytest
 from relevancy_tracer._phoenix import PhoenixServer, free_port
 from relevancy_tracer.testing import FakeOpenAIServer
 
-from .conftest import ROOT
+from .conftest import ROOT, fake_model_env, subprocess_env
 
 pytestmark = pytest.mark.phoenix
 
@@ -43,18 +43,13 @@ def phoenix(tmp_path_factory):
 
 
 def run_app(phoenix: PhoenixServer, project: str, protocol: str, model: FakeOpenAIServer) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELEVANCY_TRACER_", "OTEL_", "OPENAI_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
     endpoint = phoenix.url if protocol == "http/protobuf" else f"http://127.0.0.1:{phoenix.grpc_port}"
-    env.update(
+    env = subprocess_env(
+        fake_model_env(model),
         OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
         OTEL_RESOURCE_ATTRIBUTES=f"openinference.project.name={project}",
         OTEL_METRICS_EXPORTER="none",
-        RELEVANCY_TRACER_LLM="openai",
-        RELEVANCY_TRACER_EMBEDDINGS="openai",
-        RELEVANCY_TRACER_LLM_BASE_URL=model.base_url,
-        RELEVANCY_TRACER_LLM_MODEL="fake-chat",
-        RELEVANCY_TRACER_EMBEDDING_MODEL="fake-embed",
     )
     proc = subprocess.run([sys.executable, "-c", APP], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -76,15 +71,16 @@ def test_relevancy_attributes_arrive_in_phoenix(phoenix, server, protocol):
 
 
 @pytest.mark.local_models
-def test_demo_scores_answers_into_phoenix(tmp_path):
-    """`relevancy-tracer demo`: the example RAG app on the embedded models, traced into Phoenix."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELEVANCY_TRACER_", "OTEL_", "OPENAI_", "PHOENIX_")) or k == "RELEVANCY_TRACER_CACHE_DIR"}
-    env.update(PHOENIX_PORT=str(free_port()), PHOENIX_WORKING_DIR=str(tmp_path / "phoenix"))
+def test_demo_scores_answers_into_phoenix(phoenix, tmp_path):
+    """`relevancy-tracer demo`: the example RAG app on the embedded models, traced into Phoenix
+    (the module's Phoenix, which the demo finds running on PHOENIX_PORT and reuses)."""
+    env = subprocess_env(PHOENIX_PORT=str(phoenix.port))
     command = [str(Path(sys.executable).parent / "relevancy-tracer"), "demo", "--questions", "3"]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "3 of 3 answers scored" in out and "Phoenix has 3 answer spans with relevancy attributes" in out
+    assert "Using the Phoenix already running" in out
     assert out.count("/redirects/traces/") == 3 and "/redirects/projects/relevancy-tracer-demo" in out
     rows = {}
     for line in out.splitlines():
@@ -96,3 +92,42 @@ def test_demo_scores_answers_into_phoenix(tmp_path):
     unknown = [score for question, score in rows.items() if "Australia" in question]
     known = [score for question, score in rows.items() if "Australia" not in question]
     assert unknown and unknown[0] < min(known), rows
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.mark.browser
+def test_phoenix_ui_shows_the_relevancy_attributes(phoenix, server, tmp_path):
+    """Headless Chromium opens an answer's trace in Phoenix's UI and finds the relevancy
+    attributes on the span. Uses the demo's traces (real local-model scores) when the demo test
+    ran, else makes one. The screenshot goes to RELEVANCY_TRACER_SCREENSHOT when set (the
+    README's examples/phoenix-trace.png), else into the test's temp dir."""
+    from playwright.sync_api import sync_playwright
+
+    spans = [s for s in phoenix.spans("relevancy-tracer-demo", name=["python_docs_rag.answer"]) if (s.get("attributes") or {}).get("relevancy.status") == "scored"]
+    if not spans:
+        run_app(phoenix, "ui", "http/protobuf", server)
+        spans = phoenix.wait_for_spans("ui", lambda s: any("relevancy.score" in (x.get("attributes") or {}) for x in s), timeout=60)
+    span = max(spans, key=lambda s: s["attributes"]["relevancy.score"])
+    attrs = span["attributes"]
+    screenshot = Path(os.environ.get("RELEVANCY_TRACER_SCREENSHOT") or tmp_path / "phoenix-trace.png")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            page.goto(phoenix.trace_url(span["context"]["trace_id"]), wait_until="networkidle", timeout=90000)
+            page.get_by_text(span["name"]).last.click(timeout=60000)
+            page.get_by_role("tab", name="Attributes").first.click(timeout=60000)
+            row = page.get_by_role("row").filter(has_text="relevancy.score")
+            row.first.wait_for(timeout=60000)
+            assert str(attrs["relevancy.score"])[:6] in row.first.inner_text()
+            body = page.inner_text("body")
+            for key in ("relevancy.label", "relevancy.generated_questions.0", "relevancy.similarities.0", "input.value", "output.value"):
+                assert key in body, key
+            assert attrs["relevancy.label"] in body and attrs["relevancy.generated_questions"][0][:30] in body
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(screenshot))
+        finally:
+            browser.close()
+    assert screenshot.stat().st_size > 10_000
