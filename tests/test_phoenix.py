@@ -94,6 +94,10 @@ def test_demo_scores_answers_into_phoenix(phoenix, tmp_path):
     assert unknown and unknown[0] < min(known), rows
 
 
+#: Where the browser test saves its screenshot (read at import: the autouse fixture clears
+#: RELEVANCY_TRACER_* variables from the environment the tests see).
+SCREENSHOT = os.environ.get("RELEVANCY_TRACER_SCREENSHOT")
+
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
@@ -111,7 +115,7 @@ def test_phoenix_ui_shows_the_relevancy_attributes(phoenix, server, tmp_path):
         spans = phoenix.wait_for_spans("ui", lambda s: any("relevancy.score" in (x.get("attributes") or {}) for x in s), timeout=60)
     span = max(spans, key=lambda s: s["attributes"]["relevancy.score"])
     attrs = span["attributes"]
-    screenshot = Path(os.environ.get("RELEVANCY_TRACER_SCREENSHOT") or tmp_path / "phoenix-trace.png")
+    screenshot = Path(SCREENSHOT or tmp_path / "phoenix-trace.png")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
         try:
