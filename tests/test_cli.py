@@ -33,6 +33,7 @@ def test_scores_wikieval_jsonl_in_input_order(server, tmp_path):
     out = tmp_path / "out.jsonl"
     proc = run_cli(server, WIKIEVAL, "-o", out)
     assert proc.returncode == 0, proc.stderr
+    assert "Unclosed" not in proc.stderr, proc.stderr  # HTTP sessions are closed before exit
     inputs = [json.loads(l) for l in WIKIEVAL.read_text().splitlines() if l.strip()]
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     assert [r["question"] for r in rows] == [r["question"] for r in inputs]
@@ -128,7 +129,15 @@ def test_ctrl_c_keeps_finished_rows(tmp_path):
         out = tmp_path / "out.jsonl"
         env = cli_env(server)
         env["RELEVANCY_TRACER_CONCURRENCY"] = "1"
-        proc = subprocess.Popen([sys.executable, "-m", "relevancy_tracer.cli", "score", str(data), "-o", str(out), "--no-progress"], env=env, stderr=subprocess.PIPE, text=True)
+        # SIG_DFL in the child: a shell running the suite in the background (`make test &`)
+        # passes SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relevancy_tracer.cli", "score", str(data), "-o", str(out), "--no-progress"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 2):
             time.sleep(0.05)

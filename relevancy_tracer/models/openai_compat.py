@@ -33,17 +33,46 @@ PLACEHOLDER_API_KEY = "EMPTY"
 _pools: "weakref.WeakSet[_ClientPool]" = weakref.WeakSet()
 
 
+#: Close tasks of the clients of collected pools, kept referenced until they finish.
+_closing: "set[asyncio.Task]" = set()
+
+
+async def _close_quietly(client: Any) -> None:
+    try:
+        await client.close()
+    except Exception:
+        pass
+
+
+def _close_clients_later(clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]") -> None:
+    """Finalizer of a collected pool (an engine that went away, an evicted model override):
+    schedule the close of each of its clients on the loop it belongs to, when that loop runs."""
+
+    def start(client: Any) -> None:
+        task = asyncio.get_running_loop().create_task(_close_quietly(client))
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+    for loop, client in list(clients.items()):
+        try:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(start, client)
+        except Exception:  # the loop closed meanwhile: nothing left to release
+            pass
+
+
 async def close_clients_of_running_loop() -> None:
-    """Close every client bound to the running loop (its aiohttp session must not leak)."""
+    """Close every client bound to the running loop (its aiohttp session must not leak), and
+    wait for the closes scheduled by collected pools."""
     loop = asyncio.get_running_loop()
     for pool in list(_pools):
         with pool._lock:
             client = pool._clients.pop(loop, None)
         if client is not None:
-            try:
-                await client.close()
-            except Exception:
-                pass
+            await _close_quietly(client)
+    pending = [task for task in list(_closing) if task.get_loop() is loop and not task.done()]
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 register_loop_closer(close_clients_of_running_loop)
@@ -67,6 +96,8 @@ class _ClientPool:
         self._clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         _pools.add(self)
+        finalizer = weakref.finalize(self, _close_clients_later, self._clients)
+        finalizer.atexit = False  # at exit the loops' closers close the live pools' clients
 
     def get(self) -> Any:
         import openai
