@@ -175,3 +175,20 @@ def test_an_answer_cannot_rate_itself_with_the_local_model(local_engine, seed_re
     assert judged, injected.components
     for name, value in judged.items():
         assert value <= honest.components[name] + 0.05, (name, value, honest.components[name])
+
+
+def test_local_model_closes_reloads_and_exits_cleanly():
+    """close() frees the llama.cpp model, the next call loads it again, and the process exits
+    without a traceback from Llama.__del__ (loaded models are closed at exit)."""
+    app = (
+        "from relevancy_tracer.models.local_llm import LocalChatModel\n"
+        "m = LocalChatModel(threads=2)\n"
+        "first = m.generate([{'role': 'user', 'content': 'Say hi.'}], max_tokens=4)\n"
+        "assert m.close() and m._llama is None\n"
+        "second = m.generate([{'role': 'user', 'content': 'Say hi.'}], max_tokens=4)\n"
+        "assert first == second and first, (first, second)\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", app], env=subprocess_env(OMP_WAIT_POLICY="PASSIVE"), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]

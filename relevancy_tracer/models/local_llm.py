@@ -19,6 +19,7 @@ llama.cpp loads, and the thread count is explicit.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
 import importlib
 import logging
@@ -26,6 +27,7 @@ import os
 import re
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -199,6 +201,17 @@ def _abort_when(cancelled: threading.Event) -> Any:
     return processor
 
 
+_loaded: "weakref.WeakSet[LocalChatModel]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_loaded_models() -> None:
+    """Free every loaded llama.cpp model before the interpreter tears modules down: left to
+    ``Llama.__del__`` during shutdown, llama-cpp-python 0.3 prints a TypeError traceback."""
+    for model in list(_loaded):
+        model.close(timeout=5.0)
+
+
 class LocalChatModel:
     """A :class:`~relevancy_tracer.models.base.ChatModel` running a GGUF model in-process.
 
@@ -246,6 +259,7 @@ class LocalChatModel:
                     )
                 except Exception as exc:  # llama.cpp raises ValueError/RuntimeError on a bad file
                     raise ModelError(f"cannot load {path}: {exc}") from exc
+                _loaded.add(self)
                 for digit in "0123456789":
                     for form in (digit, " " + digit):
                         tokens = self._llama.tokenize(form.encode(), add_bos=False, special=False)
@@ -253,13 +267,30 @@ class LocalChatModel:
                             self._digit_tokens.setdefault(tokens[0], int(digit))
         return self._llama
 
+    def close(self, timeout: float = 5.0) -> bool:
+        """Free the llama.cpp model (loaded again on next use). Waits up to ``timeout`` seconds
+        for a running inference; returns False, freeing nothing, when it does not finish."""
+        if not self._infer_lock.acquire(timeout=timeout):
+            return False
+        try:
+            with self._load_lock:
+                llama, self._llama = self._llama, None
+            if llama is not None:
+                try:
+                    llama.close()
+                except Exception:
+                    pass
+            return True
+        finally:
+            self._infer_lock.release()
+
     def generate(self, messages: Sequence[dict], *, max_tokens: int = 256, temperature: float = 0.0) -> str:
         """Free-text chat completion (for apps generating with the embedded model), blocking.
 
         ``max_tokens`` caps the reply (tokens). Raises :class:`ModelError`.
         """
-        llama = self._load()
-        with self._infer_lock:
+        with self._infer_lock:  # loaded under the lock, so close() cannot free it meanwhile
+            llama = self._load()
             try:
                 response = llama.create_chat_completion(messages=list(messages), max_tokens=max_tokens, temperature=temperature, seed=self._seed)
             except Exception as exc:
@@ -268,7 +299,8 @@ class LocalChatModel:
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` under this model's tokenizer (loads the model)."""
-        return len(self._load().tokenize(text.encode("utf-8"), add_bos=False))
+        with self._infer_lock:
+            return len(self._load().tokenize(text.encode("utf-8"), add_bos=False))
 
     async def chat_json(
         self,
@@ -297,12 +329,12 @@ class LocalChatModel:
         cancelled: threading.Event,
         score_key: Optional[str] = None,
     ) -> ChatReply:
-        llama = self._load()
-        processors: list = [_abort_when(cancelled)]
-        capture = _ScoreCapture(llama, score_key, self._digit_tokens) if score_key and self._digit_tokens else None
-        if capture is not None:
-            processors.append(capture)
-        with self._infer_lock:
+        with self._infer_lock:  # loaded under the lock, so close() cannot free it meanwhile
+            llama = self._load()
+            processors: list = [_abort_when(cancelled)]
+            capture = _ScoreCapture(llama, score_key, self._digit_tokens) if score_key and self._digit_tokens else None
+            if capture is not None:
+                processors.append(capture)
             if cancelled.is_set():
                 raise ModelError("cancelled before it started")
             try:
