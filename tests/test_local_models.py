@@ -159,6 +159,24 @@ def test_cli_scores_wikieval_with_local_models_and_no_network(tmp_path):
     assert all(len(r["generated_questions"]) == 3 for r in rows)
 
 
+def test_cli_method_combined_keeps_every_component_with_local_models(tmp_path):
+    """Issue 5's command, `score ... --method combined`, on the first 3 WikiEval rows (all 10
+    run in benchmarks/quality.py): a combined score and its four component scores per row, the
+    score being their weighted mean with seed 000's weights."""
+    out = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "relevancy_tracer.cli", "score", str(WIKIEVAL), "--method", "combined", "--limit", "3", "-o", str(out), "--no-progress"]
+    proc = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3
+    weights = {"ragas": 0.3, "direct": 0.25, "decomposition": 0.25, "intent": 0.2}
+    for row in rows:
+        assert row["status"] == "scored" and row["method"] == "combined", row["error"]
+        assert set(row["components"]) == set(weights), row["components"]
+        assert row["score"] == pytest.approx(sum(w * row["components"][k] for k, w in weights.items()))
+        assert row["sub_questions"] and row["intent"] and len(row["generated_questions"]) == 3
+
+
 def test_an_answer_cannot_rate_itself_with_the_local_model(local_engine, seed_results):
     """An irrelevant answer that asks for a perfect score is judged as content: the request to
     rate it 1.0 does not lift its score above the same answer without the request."""
