@@ -1,232 +1,486 @@
-"""Quality of every relevancy method on WikiEval (../shared/data/wikieval_dev.jsonl).
+"""Quality of the relevancy methods on the development sets, with confidence intervals.
 
-For each method (and generation mode for the question-generating ones) every row's three
-candidates are scored with the configured models (default: the embedded local models):
-``answer`` (complete), ``poor_answer`` (incomplete or padded) and ``ungrounded_answer``
-(complete but not grounded in the context: as relevant as ``answer``, since relevancy does not
-judge facts). Reported per configuration:
+Data (``../shared/data``, see its README_devsets.md; WikiEval beyond its 10 dev rows and the ARES
+sets are reserved for independent evaluation and never read here):
 
-* pairwise accuracy: share of rows where score(answer) > score(poor_answer) (ties count as
-  misses), the metric of the RAGAS paper (which reports 0.78 for its answer relevance with
-  gpt-3.5 and ada-002); and, separately, score(ungrounded_answer) > score(poor_answer);
-* mean score of each candidate (the spread matters for drift alerting);
-* seconds, LLM calls, input and output tokens per evaluation; failed evaluations.
+* ``human``: ``relevancy_human_en.jsonl``, 392 real answers judged by people (ExpertQA
+  usefulness, HaluQuestQA relevance + completeness; label 1 = addresses the question).
+  Reported per subset: AUROC of the raw score, balanced accuracy of the label decision, the
+  calibration error of the reported (calibrated) score.
+* ``pairs_en`` / ``pairs_zh``: 80 English and 67 Chinese reference answers, each with evasive,
+  off-topic and padded variants, and an incomplete one where the question has two parts.
+  Reported per perturbation: pairwise accuracy (score(answer) > score(variant), ties 0.5), tie
+  rate, and the mean calibrated score of the reference minus the variant.
+* ``wikieval``: the 10 WikiEval dev rows (answer vs poor answer), for continuity with earlier
+  figures.
 
-The noncommittal rules (all / any / per_question) are recomputed from the same generated
-questions, flags and similarities, so they cost no extra model calls; weighted combinations of
-components are likewise derived from the component runs ("derived" rows, whose cost is the sum
-of their components'). Methods named in ``--methods`` are run for real; with ``--reuse FILE``
-the records of every other configuration in an earlier results file are kept and summarised
-again, so one changed method is rerun without rerunning the rest.
+Intervals are 95% percentile bootstraps (2,000 resamples) over rows (pairs: over reference rows;
+human: over answers). A word-overlap baseline (share of the question's content words found in the
+answer; character bigrams for Chinese) is reported on the same items.
 
-Usage::
+Every scored item is appended to a JSON Lines records file as soon as it is done, keyed by
+(config, set, id, candidate), so runs are resumable and reports can be rebuilt without models::
 
-    python benchmarks/quality.py                       # every method, local models
-    python benchmarks/quality.py --methods ragas_direct --out benchmarks/results/default.json
-    python benchmarks/quality.py --rows 3 --methods direct   # quick look
-    python benchmarks/quality.py --methods intent,ragas_intent --reuse benchmarks/results/quality.json
+    python benchmarks/quality.py --configs default                   # the default on every set
+    python benchmarks/quality.py --configs default,ragas,direct --limit 40   # 40 rows per set
+    python benchmarks/quality.py --report-only                       # tables from the records
+
+Configs are a method name with optional overrides, ``name:key=value;key=value`` (e.g.
+``ragas_raw:method=ragas;noncommittal=all``). Outputs: Markdown tables on stdout and in
+``--out-md``, JSON in ``--out``, the reliability plot in ``--plot``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import re
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
 
-from relevancy_tracer.config import Settings  # noqa: E402
-from relevancy_tracer.scoring.engine import Engine  # noqa: E402
-from relevancy_tracer.scoring.methods import apply_noncommittal  # noqa: E402
+from relevancy_tracer.scoring.calibration import (  # noqa: E402
+    auroc,
+    balanced_accuracy,
+    bootstrap_interval,
+    cross_validated,
+    expected_calibration_error,
+    fit_calibration,
+    reliability_table,
+)
 
-CANDIDATES = ("answer", "poor_answer", "ungrounded_answer")
-DEFAULT_DATA = HERE.parent.parent / "shared" / "data" / "wikieval_dev.jsonl"
-
-
-def load_rows(path: Path, limit: Optional[int]) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return rows[:limit] if limit else rows
-
-
-def run_config(engine: Engine, rows: list[dict], overrides: dict) -> list[dict]:
-    """Score every candidate of every row; one record per (row, candidate)."""
-    records = []
-    for index, row in enumerate(rows):
-        for candidate in CANDIDATES:
-            started = time.perf_counter()
-            result = engine.score(row["question"], row[candidate], row.get("contexts"), **overrides)
-            records.append(
-                {
-                    "row": index,
-                    "candidate": candidate,
-                    "status": result.status,
-                    "error": result.error,
-                    "score": result.score,
-                    "components": result.components,
-                    "similarities": result.similarities,
-                    "noncommittal": result.noncommittal,
-                    "generated_questions": result.generated_questions,
-                    "seconds": time.perf_counter() - started,
-                    "llm_calls": result.llm_calls,
-                    "input_tokens": result.input_tokens,
-                    "output_tokens": result.output_tokens,
-                }
-            )
-            print(f"  row {index} {candidate:17s} {result.status:12s} score={result.score if result.score is None else round(result.score, 3)} {time.perf_counter() - started:5.1f}s", flush=True)
-    return records
+DATA = Path(os.environ.get("RELEVANCY_TRACER_SHARED", ROOT.parent / "shared")) / "data"
+SETS = ("human", "pairs_en", "pairs_zh", "wikieval")
+PERTURBATIONS = ("incomplete_answer", "evasive_answer", "off_topic_answer", "padded_answer")
+RESULTS = HERE / "results"
 
 
-def summarise(name: str, records: list[dict], score_of: Any = None, derived: bool = False) -> dict:
-    """Accuracy, means and costs of one configuration's records."""
-    score_of = score_of or (lambda r: r["score"])
-    table: dict[tuple, Optional[float]] = {(r["row"], r["candidate"]): (score_of(r) if r["status"] == "scored" else None) for r in records}
-    rows = sorted({r["row"] for r in records})
-
-    def accuracy(better: str, worse: str) -> float:
-        wins = [table[(i, better)] is not None and table[(i, worse)] is not None and table[(i, better)] > table[(i, worse)] for i in rows]
-        return float(np.mean(wins))
-
-    def mean(candidate: str) -> Optional[float]:
-        values = [table[(i, candidate)] for i in rows if table[(i, candidate)] is not None]
-        return float(np.mean(values)) if values else None
-
-    evaluations = len(records)
-    return {
-        "config": name,
-        "derived": derived,
-        "accuracy": accuracy("answer", "poor_answer"),
-        "ungrounded_vs_poor": accuracy("ungrounded_answer", "poor_answer"),
-        "mean_answer": mean("answer"),
-        "mean_poor": mean("poor_answer"),
-        "mean_ungrounded": mean("ungrounded_answer"),
-        "seconds_per_eval": sum(r["seconds"] for r in records) / evaluations,
-        "llm_calls_per_eval": sum(r["llm_calls"] for r in records) / evaluations,
-        "input_tokens_per_eval": sum(r["input_tokens"] for r in records) / evaluations,
-        "output_tokens_per_eval": sum(r["output_tokens"] for r in records) / evaluations,
-        "failures": sum(1 for r in records if r["status"] != "scored"),
-        "rows": len(rows),
-    }
+# ---------------------------------------------------------------------------------- items
 
 
-def noncommittal_variants(name: str, records: list[dict]) -> list[dict]:
-    out = []
-    for rule in ("all", "any", "per_question"):
-        def score_of(r: dict, rule: str = rule) -> float:
-            return apply_noncommittal(np.asarray(r["similarities"]), r["noncommittal"], rule)
+def _hash_order(rows: list[dict], key: Callable[[dict], str]) -> list[dict]:
+    return sorted(rows, key=lambda r: hashlib.sha1(key(r).encode("utf-8")).hexdigest())
 
-        out.append(summarise(f"{name}, noncommittal={rule}", records, score_of, derived=rule != "all"))
+
+def _read(name: str) -> list[dict]:
+    path = DATA / name
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def load_items(sets: Iterable[str], limit: Optional[int] = None) -> list[dict]:
+    """Items to score: one per (set, row id, candidate answer).
+
+    ``limit`` takes the first N rows of each set in a fixed hash order (a stable subset for
+    iterating); the figures in the README use every row.
+    """
+    items: list[dict] = []
+    for name in sets:
+        if name == "human":
+            rows = _hash_order(_read("relevancy_human_en.jsonl"), lambda r: r["id"])[:limit]
+            for r in rows:
+                items.append(dict(set=name, id=r["id"], cand="answer", question=r["question"], answer=r["answer"], label=int(r["label"]), subset=r["subset"], origin=r.get("answer_origin")))
+        elif name in ("pairs_en", "pairs_zh"):
+            rows = _hash_order(_read(f"relevancy_{name}.jsonl"), lambda r: r["id"])[:limit]
+            for r in rows:
+                for cand in ("answer",) + PERTURBATIONS:
+                    if r.get(cand):
+                        items.append(dict(set=name, id=r["id"], cand=cand, question=r["question"], answer=r[cand], label=int(cand == "answer"), subset=r["id"].split("-")[1], origin=None))
+        elif name == "wikieval":
+            rows = _read("wikieval_dev.jsonl")[:limit]
+            for i, r in enumerate(rows):
+                for cand in ("answer", "poor_answer"):
+                    items.append(dict(set=name, id=f"wikieval-{i}", cand=cand, question=r["question"], answer=r[cand], label=int(cand == "answer"), subset="wikieval", origin=None))
+        else:
+            raise ValueError(f"unknown set {name!r}; sets: {', '.join(SETS)}")
+    return items
+
+
+# ---------------------------------------------------------------------------------- baseline
+
+_WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
+_STOP = frozenset(
+    "the a an of to in on for and or is are was were be been by with what how why when where which who whom whose does do did "
+    "can could should would will it its this that these those from as at about into than then there their i you we they he she "
+    "my your our me us them his her not no yes if so such any some all more most other".split()
+)
+
+
+def _han_bigrams(text: str) -> set[str]:
+    chars = [c for c in text if "\u4e00" <= c <= "\u9fff"]
+    return {chars[i] + chars[i + 1] for i in range(len(chars) - 1)}
+
+
+def term_recall(question: str, answer: str) -> float:
+    """Word-overlap baseline: share of the question's content words (Chinese: character bigrams)
+    that occur in the answer."""
+    if len(_han_bigrams(question)) >= 2:
+        wanted = _han_bigrams(question)
+        return sum(1 for b in wanted if b in answer) / len(wanted)
+    words = {w for w in _WORD.findall(question.lower()) if w not in _STOP and len(w) > 2}
+    if not words:
+        return 0.0
+    present = set(_WORD.findall(answer.lower()))
+    return sum(1 for w in words if w in present) / len(words)
+
+
+# ---------------------------------------------------------------------------------- scoring
+
+
+def parse_config(text: str) -> tuple[str, dict[str, Any]]:
+    """``name`` or ``name:key=value;key=value`` -> (name, overrides). Without ``method=``, the
+    name is the method (``default`` means the configured default method)."""
+    name, _, rest = text.partition(":")
+    overrides: dict[str, Any] = {}
+    for part in filter(None, rest.split(";")):
+        key, _, value = part.partition("=")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except ValueError:
+            overrides[key.strip()] = value.strip()
+    if "method" not in overrides and name != "default":
+        overrides["method"] = name
+    return name, overrides
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def run_config(engine: Any, name: str, overrides: dict, items: list[dict], records_path: Path, concurrency: int) -> None:
+    """Score every item not yet in the records file with ``engine`` (method overrides applied),
+    appending one record per item as it finishes."""
+    import asyncio
+
+    done = {(r["config"], r["set"], r["id"], r["cand"]) for r in read_records(records_path)}
+    todo = [it for it in items if (name, it["set"], it["id"], it["cand"]) not in done]
+    print(f"== {name} {overrides}: {len(todo)} of {len(items)} items to score", flush=True)
+    if not todo:
+        return
+    records_path.parent.mkdir(parents=True, exist_ok=True)
+    out = records_path.open("a", encoding="utf-8")
+    started = time.perf_counter()
+    finished = 0
+
+    async def one(item: dict, limit: asyncio.Semaphore) -> None:
+        nonlocal finished
+        async with limit:
+            t0 = time.perf_counter()
+            result = await engine.ascore(item["question"], item["answer"], **overrides)
+            seconds = time.perf_counter() - t0
+        record = {k: item[k] for k in ("set", "id", "cand", "label", "subset", "origin")}
+        record.update(
+            config=name,
+            status=result.status,
+            error=result.error,
+            raw=getattr(result, "raw_score", result.score),
+            score=result.score,
+            label_name=result.label,
+            components=result.components,
+            generated_questions=result.generated_questions,
+            similarities=result.similarities,
+            noncommittal=result.noncommittal,
+            seconds=seconds,
+            llm_calls=result.llm_calls,
+            input_tokens=result.input_tokens,
+            output_tokens=result.output_tokens,
+            evaluator_version=getattr(result, "evaluator_version", None),
+        )
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.flush()
+        finished += 1
+        rate = (time.perf_counter() - started) / finished
+        print(f"  [{finished}/{len(todo)}] {item['set']:8s} {item['cand']:17s} {result.status:10s} raw={record['raw'] if record['raw'] is None else round(record['raw'], 3)} {seconds:5.1f}s  eta {rate * (len(todo) - finished) / 60:.0f} min", flush=True)
+
+    async def main() -> None:
+        limit = asyncio.Semaphore(concurrency)
+        await asyncio.gather(*(one(item, limit) for item in todo))
+
+    asyncio.run(main())
+    out.close()
+
+
+# ---------------------------------------------------------------------------------- analysis
+
+
+def _ci(stat: Callable[[np.ndarray], float], n: int, groups: Optional[list] = None) -> list[float]:
+    low, high = bootstrap_interval(stat, n, groups=groups)
+    return [round(low, 3), round(high, 3)]
+
+
+def pair_report(records: list[dict], value: str = "score") -> dict[str, Any]:
+    """Pairwise accuracy (ties 0.5), tie rate and mean reference-minus-variant, per language and
+    perturbation, with bootstrap intervals over reference rows."""
+    out: dict[str, Any] = {}
+    by_key = {(r["set"], r["id"], r["cand"]): r for r in records}
+    for lang_set in ("pairs_en", "pairs_zh"):
+        refs = sorted({r["id"] for r in records if r["set"] == lang_set and r["cand"] == "answer"})
+        if not refs:
+            continue
+        lang: dict[str, Any] = {}
+        for pert in PERTURBATIONS:
+            rows = []
+            for rid in refs:
+                ref, var = by_key.get((lang_set, rid, "answer")), by_key.get((lang_set, rid, pert))
+                if ref is None or var is None:
+                    continue
+                a, b = ref.get(value), var.get(value)
+                rows.append((a, b, ref["subset"]))
+            if not rows:
+                continue
+
+            def wins(idx: np.ndarray, rows: list = rows) -> float:
+                vals = []
+                for i in idx:
+                    a, b, _ = rows[i]
+                    if a is None or b is None:
+                        vals.append(0.0)  # a failed evaluation counts as a loss
+                    else:
+                        vals.append(1.0 if a > b else 0.5 if a == b else 0.0)
+                return float(np.mean(vals))
+
+            def gap(idx: np.ndarray, rows: list = rows) -> float:
+                vals = [rows[i][0] - rows[i][1] for i in idx if rows[i][0] is not None and rows[i][1] is not None]
+                return float(np.mean(vals)) if vals else float("nan")
+
+            all_idx = np.arange(len(rows))
+            ties = sum(1 for a, b, _ in rows if a is not None and a == b)
+            by_source = {}
+            for source in sorted({s for _, _, s in rows}):
+                idx = np.asarray([i for i, (_, _, s) in enumerate(rows) if s == source])
+                by_source[source] = {"n": int(len(idx)), "accuracy": round(wins(idx), 3)}
+            lang[pert] = {
+                "n": len(rows),
+                "accuracy": round(wins(all_idx), 3),
+                "accuracy_ci": _ci(wins, len(rows)),
+                "tie_rate": round(ties / len(rows), 3),
+                "mean_gap": round(gap(all_idx), 3),
+                "mean_gap_ci": _ci(gap, len(rows)),
+                "by_source": by_source,
+            }
+        out[lang_set] = lang
     return out
 
 
-def combination(name: str, parts: dict[str, list[dict]], weights: dict[str, float]) -> dict:
-    """A weighted combination derived from component runs (cost: the sum of the components)."""
-    merged = []
-    keyed = {part: {(r["row"], r["candidate"]): r for r in records} for part, records in parts.items()}
-    first = next(iter(parts.values()))
-    for base in first:
-        key = (base["row"], base["candidate"])
-        members = {part: keyed[part][key] for part in weights}
-        ok = {p: m for p, m in members.items() if m["status"] == "scored"}
-        total = sum(weights[p] for p in ok)
-        merged.append(
-            {
-                "row": key[0],
-                "candidate": key[1],
-                "status": "scored" if ok else "failed",
-                "score": sum(weights[p] * ok[p]["score"] for p in ok) / total if ok else None,
-                "seconds": sum(m["seconds"] for m in members.values()),
-                "llm_calls": sum(m["llm_calls"] for m in members.values()),
-                "input_tokens": sum(m["input_tokens"] for m in members.values()),
-                "output_tokens": sum(m["output_tokens"] for m in members.values()),
-            }
-        )
-    return summarise(name, merged, derived=True)
+def human_report(records: list[dict], value: str = "raw", decision: Optional[Callable[[dict], bool]] = None) -> dict[str, Any]:
+    """AUROC of ``value`` and balanced accuracy of ``decision(record)`` per subset and pooled."""
+    human = [r for r in records if r["set"] == "human"]
+    out: dict[str, Any] = {}
+    for subset in ("expertqa", "haluquestqa", "pooled"):
+        rows = [r for r in human if subset == "pooled" or r["subset"] == subset]
+        if len(rows) < 4:
+            continue
+        # a failed evaluation ranks lowest (it cannot be trusted to say "relevant")
+        scores = np.asarray([r[value] if r.get(value) is not None else -1e9 for r in rows], dtype=float)
+        labels = np.asarray([r["label"] for r in rows])
+        entry: dict[str, Any] = {"n": len(rows), "failures": sum(1 for r in rows if r.get(value) is None)}
+        try:
+            entry["auroc"] = round(auroc(scores, labels), 3)
+            entry["auroc_ci"] = _ci(lambda idx: auroc(scores[idx], labels[idx]), len(rows))
+        except ValueError:
+            pass
+        if decision is not None:
+            predicted = np.asarray([bool(decision(r)) for r in rows])
+            entry["balanced_accuracy"] = round(balanced_accuracy(predicted, labels), 3)
+            entry["balanced_accuracy_ci"] = _ci(lambda idx: balanced_accuracy(predicted[idx], labels[idx]), len(rows))
+        out[subset] = entry
+    return out
 
 
-def markdown(summaries: list[dict]) -> str:
-    lines = [
-        "| method | pairwise accuracy | ungrounded > poor | mean good | mean poor | mean ungrounded | s/eval | LLM calls/eval | tokens in/out per eval | failures |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for s in summaries:
-        name = s["config"] + (" (derived)" if s["derived"] else "")
-        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        lines.append(
-            f"| {name} | {s['accuracy']:.2f} | {s['ungrounded_vs_poor']:.2f} | {fmt(s['mean_answer'])} | {fmt(s['mean_poor'])} | {fmt(s['mean_ungrounded'])} "
-            f"| {s['seconds_per_eval']:.1f} | {s['llm_calls_per_eval']:.1f} | {s['input_tokens_per_eval']:.0f} / {s['output_tokens_per_eval']:.0f} | {s['failures']} |"
-        )
+def calibration_report(records: list[dict], kinds: tuple[str, ...] = ("platt", "isotonic")) -> dict[str, Any]:
+    """Cross-validated calibration on the human set: each answer's probability comes from a fit
+    on the other folds (5 folds). Reports ECE (10 bins) per kind and the reliability table."""
+    human = [r for r in records if r["set"] == "human" and r.get("raw") is not None]
+    if len(human) < 20:
+        return {}
+    raw = np.asarray([r["raw"] for r in human], dtype=float)
+    labels = np.asarray([r["label"] for r in human])
+    out: dict[str, Any] = {}
+    for kind in kinds:
+        probs = cross_validated(raw, labels, kind)
+        out[kind] = {
+            "ece": round(expected_calibration_error(probs, labels), 3),
+            "ece_ci": _ci(lambda idx: expected_calibration_error(probs[idx], labels[idx]), len(labels)),
+            "reliability": reliability_table(probs, labels),
+        }
+    return out
+
+
+def speed_report(records: list[dict]) -> dict[str, float]:
+    n = len(records)
+    if not n:
+        return {}
+    return {
+        "evaluations": n,
+        "seconds_per_eval": round(sum(r.get("seconds", 0.0) for r in records) / n, 2),
+        "llm_calls_per_eval": round(sum(r.get("llm_calls", 0) for r in records) / n, 2),
+        "input_tokens_per_eval": round(sum(r.get("input_tokens", 0) for r in records) / n, 1),
+        "output_tokens_per_eval": round(sum(r.get("output_tokens", 0) for r in records) / n, 1),
+        "failures": sum(1 for r in records if r.get("status") != "scored"),
+    }
+
+
+def baseline_records(items: list[dict]) -> list[dict]:
+    """Records of the word-overlap baseline for the same items (raw = score = term recall)."""
+    out = []
+    for it in items:
+        value = term_recall(it["question"], it["answer"])
+        out.append({k: it[k] for k in ("set", "id", "cand", "label", "subset", "origin")} | {"config": "word_overlap", "status": "scored", "raw": value, "score": value})
+    return out
+
+
+def config_report(records: list[dict], relevant_labels: tuple[str, ...] = ("directly_addresses",)) -> dict[str, Any]:
+    """Every measure for one config's records."""
+    return {
+        "human": human_report(records, "raw", decision=lambda r: r.get("label_name") in relevant_labels if "label_name" in r else None),
+        "pairs": pair_report(records, "score"),
+        "calibration": calibration_report(records),
+        "speed": speed_report([r for r in records if "seconds" in r]),
+    }
+
+
+# ---------------------------------------------------------------------------------- tables
+
+
+def _fmt(value: Any, ci: Optional[list] = None) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.2f}" if isinstance(value, float) else str(value)
+    return f"{text} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else text
+
+
+def markdown(reports: dict[str, dict]) -> str:
+    lines = ["#### Human judgements (relevancy_human_en): AUROC of the raw score, balanced accuracy of the label", ""]
+    lines.append("| config | ExpertQA AUROC | HaluQuestQA AUROC | pooled AUROC | label balanced accuracy (pooled) |")
+    lines.append("| --- | --- | --- | --- | --- |")
+    for name, rep in reports.items():
+        h = rep.get("human", {})
+        cells = [_fmt(h.get(s, {}).get("auroc"), h.get(s, {}).get("auroc_ci")) for s in ("expertqa", "haluquestqa", "pooled")]
+        pooled = h.get("pooled", {})
+        cells.append(_fmt(pooled.get("balanced_accuracy"), pooled.get("balanced_accuracy_ci")))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for lang in ("pairs_en", "pairs_zh"):
+        lines += ["", f"#### Pairs ({lang}): pairwise accuracy, ties 0.5 [95% CI]; mean score gap reference - variant", ""]
+        lines.append("| config | incomplete | evasive | off-topic | padded | gap incomplete | gap evasive | gap off-topic | gap padded |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name, rep in reports.items():
+            p = rep.get("pairs", {}).get(lang, {})
+            if not p:
+                continue
+            acc = [_fmt(p.get(k, {}).get("accuracy"), p.get(k, {}).get("accuracy_ci")) for k in PERTURBATIONS]
+            gaps = [_fmt(p.get(k, {}).get("mean_gap")) for k in PERTURBATIONS]
+            lines.append(f"| {name} | " + " | ".join(acc + gaps) + " |")
+    lines += ["", "#### Calibration on the human set (5-fold cross-validated fit): expected calibration error", ""]
+    lines.append("| config | Platt ECE | isotonic ECE |")
+    lines.append("| --- | --- | --- |")
+    for name, rep in reports.items():
+        c = rep.get("calibration", {})
+        if c:
+            lines.append(f"| {name} | {_fmt(c.get('platt', {}).get('ece'), c.get('platt', {}).get('ece_ci'))} | {_fmt(c.get('isotonic', {}).get('ece'), c.get('isotonic', {}).get('ece_ci'))} |")
+    lines += ["", "#### Cost per evaluation", ""]
+    lines.append("| config | evaluations | s/eval | LLM calls/eval | tokens in / out | failures |")
+    lines.append("| --- | --- | --- | --- | --- | --- |")
+    for name, rep in reports.items():
+        s = rep.get("speed", {})
+        if s:
+            lines.append(f"| {name} | {s['evaluations']} | {s['seconds_per_eval']:.2f} | {s['llm_calls_per_eval']:.2f} | {s['input_tokens_per_eval']:.0f} / {s['output_tokens_per_eval']:.0f} | {s['failures']} |")
     return "\n".join(lines)
 
 
-def main() -> int:
+def reliability_plot(records: list[dict], path: Path, title: str) -> None:
+    """The reliability curve of the reported score on the human set (and the pair sets), as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.2, 5.0), dpi=120)
+    ax.plot([0, 1], [0, 1], color="#999999", linestyle="--", linewidth=1, label="perfect calibration")
+    for subset, colour in (("human", "#1f77b4"), ("pairs", "#d62728")):
+        rows = [r for r in records if (r["set"] == "human") == (subset == "human") and r.get("score") is not None and r["set"] != "wikieval"]
+        if not rows:
+            continue
+        table = reliability_table([r["score"] for r in rows], [r["label"] for r in rows])
+        xs = [t["mean_probability"] for t in table]
+        ys = [t["observed"] for t in table]
+        sizes = [12 + 2 * t["count"] for t in table]
+        ece = expected_calibration_error([r["score"] for r in rows], [r["label"] for r in rows])
+        name = "human judgements" if subset == "human" else "contrastive pairs"
+        ax.plot(xs, ys, color=colour, marker="o", linewidth=1.5, label=f"{name} (n={len(rows)}, ECE {ece:.3f})")
+        ax.scatter(xs, ys, s=sizes, color=colour, alpha=0.35)
+    ax.set_xlabel("reported relevancy score (calibrated probability)")
+    ax.set_ylabel("share of answers a person judged relevant")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--rows", type=int, default=None, help="only the first N rows")
-    parser.add_argument("--methods", default="ragas,direct,decomposition,intent,llm_similarity,combined", help="comma-separated methods to run")
-    parser.add_argument("--generation", default="joint,independent", help="generation modes for ragas (comma-separated)")
+    parser.add_argument("--configs", default="default", help="comma-separated configs (method names, or name:key=value;...)")
+    parser.add_argument("--sets", default=",".join(SETS))
+    parser.add_argument("--limit", type=int, default=None, help="first N rows of each set (fixed hash order)")
+    parser.add_argument("--records", type=Path, default=RESULTS / "quality_records.jsonl")
+    parser.add_argument("--report-only", action="store_true", help="no scoring: tables from the records file")
+    parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--llm", default="local")
     parser.add_argument("--embeddings", default="local")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "quality.json")
-    parser.add_argument("--reuse", type=Path, default=None, help="keep the records of configurations not run now from this earlier results file")
-    args = parser.parse_args()
-    reused: dict[str, list[dict]] = json.loads(args.reuse.read_text(encoding="utf-8"))["runs"] if args.reuse else {}
+    parser.add_argument("--out", type=Path, default=RESULTS / "quality.json")
+    parser.add_argument("--out-md", type=Path, default=RESULTS / "quality.md")
+    parser.add_argument("--plot", type=Path, default=RESULTS / "calibration.png")
+    args = parser.parse_args(argv)
 
-    rows = load_rows(args.data, args.rows)
-    engine = Engine(Settings.resolve(llm=args.llm, embeddings=args.embeddings))
-    print(f"models: {engine.models.llm.name} + {engine.models.embedder.name}; {len(rows)} rows x {len(CANDIDATES)} candidates", flush=True)
-    engine.score("Warm-up question?", "Warm-up answer.", method="direct")  # load models outside the timings
+    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    items = load_items(sets, args.limit)
+    configs = [parse_config(c.strip()) for c in args.configs.split(",") if c.strip()]
+    if not args.report_only:
+        from relevancy_tracer.config import Settings
+        from relevancy_tracer.scoring.engine import Engine
 
-    runs: dict[str, list[dict]] = {}
-    summaries: list[dict] = []
-    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
-        modes = [g.strip() for g in args.generation.split(",")] if method == "ragas" else [None]
-        for mode in modes:
-            overrides: dict[str, Any] = {"method": method}
-            name = method
-            if mode:
-                overrides["generation"] = mode
-                name = f"ragas, generation={mode}"
-            print(f"== {name}", flush=True)
-            records = run_config(engine, rows, overrides)
-            key = method if mode in (None, "joint") else f"{method}-{mode}"
-            runs[key] = records
-            if method == "ragas":
-                summaries.extend(noncommittal_variants(name, records))
-            else:
-                summaries.append(summarise(name, records))
+        engine = Engine(Settings.resolve(llm=args.llm, embeddings=args.embeddings))
+        print(f"models: {engine.models.llm.name} + {engine.models.embedder.name}; {len(items)} items", flush=True)
+        engine.score("Warm-up question?", "Warm-up answer.")  # load the models outside the timings
+        for name, overrides in configs:
+            run_config(engine, name, overrides, items, args.records, args.concurrency)
 
-    for key, records in reused.items():
-        if key in runs:
-            continue
-        runs[key] = records
-        method, _, mode = key.partition("-")
-        name = f"ragas, generation={mode or 'joint'}" if method == "ragas" else method
-        summaries.extend(noncommittal_variants(name, records) if method == "ragas" else [summarise(name, records)])
-
-    if {"ragas", "direct"} <= set(runs):
-        summaries.append(combination("ragas + direct (0.5/0.5)", runs, {"ragas": 0.5, "direct": 0.5}))
-    if {"ragas", "direct", "decomposition", "intent"} <= set(runs):
-        summaries.append(combination("seed weights, from components", runs, {"ragas": 0.3, "direct": 0.25, "decomposition": 0.25, "intent": 0.2}))
-    if {"ragas", "direct", "decomposition"} <= set(runs):
-        summaries.append(combination("ragas + direct + decomposition (1/3 each)", runs, {"ragas": 1, "direct": 1, "decomposition": 1}))
-
-    if {"ragas", "intent"} <= set(runs):
-        # The ragas share of the default `ragas_intent`, swept over the component runs.
-        for weight in (0.1, 0.2, 0.3, 0.5):
-            summaries.append(combination(f"ragas {weight} + intent {1 - weight:.1f}, from components", runs, {"ragas": weight, "intent": 1 - weight}))
-
-    table = markdown(summaries)
+    wanted = {(it["set"], it["id"], it["cand"]) for it in items}
+    by_config: dict[str, list[dict]] = defaultdict(list)
+    for record in read_records(args.records):
+        if (record["set"], record["id"], record["cand"]) in wanted:
+            by_config[record["config"]].append(record)
+    by_config["word_overlap"] = baseline_records(items)
+    names = [n for n, _ in configs if n in by_config] if not args.report_only else sorted(by_config)
+    if "word_overlap" not in names:
+        names.append("word_overlap")
+    reports = {name: config_report(by_config[name]) for name in names}
+    table = markdown(reports)
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"models": [engine.models.llm.name, engine.models.embedder.name], "rows": len(rows), "summaries": summaries, "runs": runs, "cpu_count": os.cpu_count()}, indent=1, default=str))
-    print(f"\nwritten: {args.out}")
+    args.out.write_text(json.dumps({"sets": sets, "limit": args.limit, "reports": reports}, indent=1, default=str), encoding="utf-8")
+    args.out_md.write_text(table + "\n", encoding="utf-8")
+    first = next((n for n in names if n != "word_overlap"), None)
+    if first is not None and any(r.get("score") is not None for r in by_config[first]):
+        reliability_plot(by_config[first], args.plot, f"relevancy-tracer {first}: calibration on the development sets")
+    print(f"\nwritten: {args.out}, {args.out_md}, {args.plot}")
     return 0
 
 

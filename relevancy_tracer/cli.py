@@ -1,4 +1,5 @@
-"""Command line: ``relevancy-tracer score`` (batch scoring) and ``relevancy-tracer demo``.
+"""Command line: ``relevancy-tracer score`` (batch scoring), ``relevancy-tracer calibrate``
+(fit a calibration on labelled rows) and ``relevancy-tracer demo``.
 
 ``score INPUT [-o OUTPUT]`` reads JSONL, CSV or Parquet, scores every row concurrently, and
 writes one output row per input row, in input order: the input fields plus score, label,
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import threading
 from collections import Counter
@@ -25,6 +27,9 @@ from .scoring.engine import Engine, _sync_loop
 
 OUTPUT_FIELDS = (
     "score",
+    "raw_score",
+    "calibrated",
+    "evaluator_version",
     "label",
     "explanation",
     "method",
@@ -88,6 +93,7 @@ def _settings_from(args: argparse.Namespace) -> Settings:
             "embeddings",
             "embedding_model",
             "embedding_base_url",
+            "calibration",
         )
         if getattr(args, name, None) is not None
     }
@@ -182,10 +188,143 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
+def _label_of(value: Any) -> Optional[int]:
+    """A 0/1 label from a cell: bools, 0/1 numbers, or the strings 0/1/true/false/yes/no."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return int(value)
+    if isinstance(value, str) and value.strip().lower() in ("0", "1", "true", "false", "yes", "no"):
+        return int(value.strip().lower() in ("1", "true", "yes"))
+    return None
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Fit a calibration on labelled rows: score them (raw), fit, print the reliability table."""
+    import numpy as np
+
+    from .dataset import resolve_path
+    from .scoring.calibration import auroc, balanced_accuracy, cross_validated, expected_calibration_error, fit_calibration, reliability_table
+    from .scoring.evaluator import thresholds_for
+
+    settings = _settings_from(args).replace(calibration="none")
+    engine = Engine(settings)
+    mapping = ColumnMapping(question=args.question_column, answer=args.answer_column, contexts=args.contexts_column)
+    rows = [row for row in read_rows(args.input, args.format) if row.error is None]
+    if args.limit is not None:
+        rows = rows[: args.limit]
+    labelled: list[tuple[InputRow, int]] = []
+    unlabelled = 0
+    for row in rows:
+        try:
+            label = _label_of(resolve_path(row.data, args.label_column))
+        except KeyError:
+            label = None
+        if label is None:
+            unlabelled += 1
+        else:
+            labelled.append((row, label))
+    if unlabelled:
+        print(f"calibrate: {unlabelled} row(s) without a 0/1 {args.label_column!r} skipped", file=sys.stderr)
+    raws: dict[int, float] = {}
+    failures: Counter = Counter()
+    if args.raw_column:
+        for index, (row, _) in enumerate(labelled):
+            try:
+                value = float(resolve_path(row.data, args.raw_column))
+            except (KeyError, TypeError, ValueError):
+                failures["no_raw_score"] += 1
+                continue
+            if np.isfinite(value):
+                raws[index] = value
+    else:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(labelled), unit="row", disable=args.no_progress, file=sys.stderr, dynamic_ncols=True)
+        lock = threading.Lock()
+
+        def on_done(index: int, result: RelevancyResult) -> None:
+            with lock:
+                bar.update(1)
+                if result.ok and result.raw_score is not None:
+                    raws[index] = result.raw_score
+                else:
+                    failures[result.status] += 1
+
+        try:
+            _sync_loop.run(lambda: _score_rows(engine, [row for row, _ in labelled], mapping, settings.concurrency, on_done))
+        finally:
+            bar.close()
+    kept = sorted(raws)
+    raw = np.asarray([raws[i] for i in kept], dtype=float)
+    labels = np.asarray([labelled[i][1] for i in kept], dtype=int)
+    if failures:
+        print(f"calibrate: {sum(failures.values())} row(s) not scored: {dict(failures)}", file=sys.stderr)
+    if len(raw) < 10 or labels.min() == labels.max():
+        print("relevancy-tracer: error: calibration needs at least 10 scored rows with both labels (0 and 1)", file=sys.stderr)
+        return 2
+    questions = [str(mapping.extract(labelled[i][0].data)[0]) for i in kept]
+    folds = max(2, min(args.folds, int(min(labels.sum(), len(labels) - labels.sum()))))
+    cv = cross_validated(raw, labels, args.kind, folds=folds, groups=questions)
+    models = engine._models_for(settings)
+    fingerprint = engine.raw_fingerprint(settings, models)
+    calibration = fit_calibration(
+        raw,
+        labels,
+        args.kind,
+        method=settings.method,
+        models=(models.llm.name, models.embedder.name if models.embedder else ""),
+        fitted_on={
+            "raw_fingerprint": fingerprint,
+            "source": os.path.basename(args.input),
+            "rows": int(len(raw)),
+            "positives": int(labels.sum()),
+            "label_column": args.label_column,
+            "raw_scores": f"column {args.raw_column}" if args.raw_column else "scored by this command",
+        },
+        metrics={
+            "auroc": round(auroc(raw, labels), 4),
+            "ece_cross_validated": round(expected_calibration_error(cv, labels), 4),
+            "folds": folds,
+        },
+    )
+    fitted = calibration.apply(raw)
+    thresholds = thresholds_for(settings, True)
+    decision = fitted >= thresholds[0]
+    table = reliability_table(cv, labels)
+    print(f"calibration ({args.kind}) on {len(raw)} rows ({int(labels.sum())} relevant), method {settings.method}, models {calibration.models[0]} + {calibration.models[1]}")
+    print(f"AUROC of the raw score: {calibration.metrics['auroc']:.3f}")
+    print(f"expected calibration error: {calibration.metrics['ece_cross_validated']:.3f} ({folds}-fold cross-validated), {expected_calibration_error(fitted, labels):.3f} in sample")
+    print(f"label 'directly_addresses' (probability >= {thresholds[0]}): balanced accuracy {balanced_accuracy(decision, labels):.3f} in sample")
+    print("\nreliability (cross-validated probabilities):")
+    print(f"{'bin':>11}  {'rows':>5}  {'mean probability':>16}  {'observed relevant':>17}")
+    for row in table:
+        print(f"{row['low']:.1f} - {row['high']:.1f}  {row['count']:>5}  {row['mean_probability']:>16.3f}  {row['observed']:>17.3f}")
+    with open(args.output, "w", encoding="utf-8") as out:
+        out.write(calibration.to_json() + "\n")
+    print(f"\nwritten: {args.output} (use it with calibration={args.output} or RELEVANCY_TRACER_CALIBRATION={args.output})")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
     return demo_main(args)
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """Method and model flags shared by ``score`` and ``calibrate`` (override the settings)."""
+    parser.add_argument("--method", choices=METHODS)
+    parser.add_argument("--strictness", type=int, help="questions generated per answer (N)")
+    parser.add_argument("--noncommittal", choices=NONCOMMITTAL_RULES)
+    parser.add_argument("--generation", choices=GENERATION_MODES)
+    parser.add_argument("--concurrency", type=int, help="rows scored at once")
+    parser.add_argument("--llm", choices=("local", "openai"))
+    parser.add_argument("--llm-model")
+    parser.add_argument("--llm-base-url")
+    parser.add_argument("--embeddings", choices=("local", "openai"))
+    parser.add_argument("--embedding-model")
+    parser.add_argument("--embedding-base-url")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,20 +339,27 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--question-column", help="column or dotted path of the question (default: question | user_input | query)")
     score.add_argument("--answer-column", help="column or dotted path of the answer (default: answer | response)")
     score.add_argument("--contexts-column", help="column or dotted path of the contexts (default: contexts | retrieved_contexts)")
-    score.add_argument("--method", choices=METHODS)
-    score.add_argument("--strictness", type=int, help="questions generated per answer (N)")
-    score.add_argument("--noncommittal", choices=NONCOMMITTAL_RULES)
-    score.add_argument("--generation", choices=GENERATION_MODES)
-    score.add_argument("--concurrency", type=int, help="rows scored at once")
-    score.add_argument("--llm", choices=("local", "openai"))
-    score.add_argument("--llm-model")
-    score.add_argument("--llm-base-url")
-    score.add_argument("--embeddings", choices=("local", "openai"))
-    score.add_argument("--embedding-model")
-    score.add_argument("--embedding-base-url")
+    _add_model_flags(score)
+    score.add_argument("--calibration", help="auto (default), none, or a calibration JSON file from `relevancy-tracer calibrate`")
     score.add_argument("--limit", type=int, help="score only the first N rows")
     score.add_argument("--no-progress", action="store_true", help="no progress bar")
     score.set_defaults(func=cmd_score)
+
+    calibrate = sub.add_parser("calibrate", help="fit a calibration (raw score -> probability of relevant) on labelled rows")
+    calibrate.add_argument("input", help="labelled rows (.jsonl, .csv, .parquet) with question, answer and a 0/1 label")
+    calibrate.add_argument("-o", "--output", required=True, help="calibration JSON file to write")
+    calibrate.add_argument("--label-column", default="label", help="column or dotted path of the 0/1 label (1: the answer addresses the question)")
+    calibrate.add_argument("--raw-column", help="use raw scores from this column instead of scoring the rows (e.g. raw_score of a `score` output made with the same settings)")
+    calibrate.add_argument("--kind", choices=("platt", "isotonic"), default="platt", help="Platt scaling (default) or isotonic regression")
+    calibrate.add_argument("--folds", type=int, default=5, help="folds of the cross-validated calibration error")
+    calibrate.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: from the file name)")
+    calibrate.add_argument("--question-column", help="column or dotted path of the question")
+    calibrate.add_argument("--answer-column", help="column or dotted path of the answer")
+    calibrate.add_argument("--contexts-column", help="column or dotted path of the contexts")
+    _add_model_flags(calibrate)
+    calibrate.add_argument("--limit", type=int, help="use only the first N rows")
+    calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
+    calibrate.set_defaults(func=cmd_calibrate)
 
     demo = sub.add_parser("demo", help="run the example RAG app with tracing into a local Phoenix")
     demo.add_argument("--questions", type=int, default=None, help="how many example questions to ask (default: all)")

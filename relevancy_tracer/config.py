@@ -31,7 +31,11 @@ ATTACH_MODES = ("answer_span", "evaluation_span")
 RESPONSE_FORMATS = ("json_object", "json_schema", "none")
 
 #: Seed 000's label thresholds: >= 0.8 directly addresses, >= 0.6 partially, >= 0.4 somewhat.
+#: Used on raw (uncalibrated) scores.
 DEFAULT_THRESHOLDS = (0.8, 0.6, 0.4)
+#: Label thresholds on calibrated scores (probabilities that a person judges the answer as
+#: addressing the question); chosen on the development sets (README, "Quality").
+PROBABILITY_THRESHOLDS = (0.5, 0.3, 0.15)
 #: Seed 000's combination weights (reverse-question, direct, decomposition, intent).
 DEFAULT_COMBINED_WEIGHTS = (("ragas", 0.3), ("direct", 0.25), ("decomposition", 0.25), ("intent", 0.2))
 
@@ -142,6 +146,18 @@ def _check_thresholds(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be descending; got {value!r}")
 
 
+def _check_thresholds_optional(name: str, value: Any) -> None:
+    if value is not None:
+        _check_thresholds(name, value)
+
+
+def _check_calibration(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise TypeError(f"{name} must be 'auto', 'none' or a path to a calibration JSON file; got {value!r}")
+    if value not in ("auto", "none") and not os.path.isfile(os.path.expanduser(value)):
+        raise ValueError(f"{name}: no calibration file at {value!r}")
+
+
 def _check_weights(name: str, value: Any) -> None:
     if not isinstance(value, (tuple, list)) or not value:
         raise ValueError(f"{name} must be a non-empty sequence of (method, weight); got {value!r}")
@@ -202,7 +218,8 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("strictness", "int", "", "N: questions generated from each answer (RAGAS strictness).", int, _check_number(1, 10, integer=True)),
     _spec("noncommittal", "|".join(NONCOMMITTAL_RULES), "", "Noncommittal rule: `all` zeroes the score only when every generation is noncommittal (RAGAS today), `any` when one is (RAGAS 0.1), `per_question` multiplies each similarity by its own committal flag (seed 003).", str, _check_choice(NONCOMMITTAL_RULES)),
     _spec("generation", "|".join(GENERATION_MODES), "", "`joint`: one chat request returns all N questions; `independent`: N requests, as RAGAS.", str, _check_choice(GENERATION_MODES)),
-    _spec("thresholds", "3 floats", "", "Label thresholds, descending: directly addresses / partially / somewhat related (seed 000).", _parse_floats, _check_thresholds),
+    _spec("thresholds", "3 floats", "", "Label thresholds on the reported score, descending: directly addresses / partially / somewhat related. Default: 0.5,0.3,0.15 on calibrated probabilities, seed 000's 0.8,0.6,0.4 on raw scores.", _parse_floats, _check_thresholds_optional),
+    _spec("calibration", "auto | none | path", "", "Maps the method's raw score to the probability that a person judges the answer as addressing the question. `auto`: the calibration shipped for the configured method and models, when there is one; `none`: report raw scores; a path: a JSON file written by `relevancy-tracer calibrate`.", str, _check_calibration),
     _spec("combined_weights", "method=weight,...", "", "Weights of the `combined` method (seed 000: ragas 0.3, direct 0.25, decomposition 0.25, intent 0.2).", _parse_weights, _check_weights),
     _spec("max_answer_chars", "int", "characters", "Answers longer than this are truncated before scoring (recorded as `truncated`).", int, _check_number(16, integer=True)),
     _spec("max_question_chars", "int", "characters", "Questions longer than this are truncated before scoring.", int, _check_number(16, integer=True)),
@@ -254,7 +271,8 @@ class Settings:
     strictness: int = 3
     noncommittal: str = "per_question"
     generation: str = "joint"
-    thresholds: tuple[float, float, float] = DEFAULT_THRESHOLDS
+    thresholds: Optional[tuple[float, float, float]] = None
+    calibration: str = "auto"
     combined_weights: tuple[tuple[str, float], ...] = DEFAULT_COMBINED_WEIGHTS
     max_answer_chars: int = 6000
     max_question_chars: int = 2000
@@ -387,7 +405,7 @@ def settings_table() -> str:
         if spec.name in ("llm", "embeddings"):
             default_doc = "local if installed, else openai"
         elif spec.name == "thresholds":
-            default_doc = ",".join(str(x) for x in default)
+            default_doc = "auto"
         elif spec.name == "combined_weights":
             default_doc = ",".join(f"{k}={v}" for k, v in default)
         elif default is None:

@@ -95,12 +95,19 @@ class RelevancyResult:
     """The answer-relevancy result of one (question, answer) pair.
 
     Attributes:
-        score: float, finite, when ``status == "scored"``: the method's score, normally in
-            [0, 1] (the ``ragas`` method is a mean cosine similarity, so in [-1, 1] in theory,
-            seeds 001/002). ``None`` for any other status: a failed evaluation has no score, so
-            it can never be averaged in by mistake. Never NaN.
-        label, explanation: seed 000's band of ``score`` under the configured thresholds;
-            ``None`` when not scored.
+        score: float in [0, 1], finite, when ``status == "scored"``. With a calibration
+            (``calibrated`` True, the default for the embedded models) it is the estimated
+            probability that a person would judge the answer as addressing the question; without
+            one it is ``raw_score``. ``None`` for any other status: a failed evaluation has no
+            score, so it can never be averaged in by mistake. Never NaN.
+        raw_score: the method's own output before calibration (a mean cosine similarity for
+            ``ragas``, in [-1, 1] in theory, seeds 001/002; an expected judge rating in [0, 1];
+            a weighted mean of components). ``None`` when not scored.
+        calibrated: True when ``score`` is a calibrated probability.
+        evaluator_version: 12 hex digits identifying the evaluator (method, prompts, models,
+            weights, calibration, thresholds); scores are comparable only within one version.
+        label, explanation: the band of ``score`` under the configured thresholds (seed 000's
+            four labels); ``None`` when not scored.
         method: the method that produced the score (``ragas``, ``direct``, ... ``combined``).
         status: ``scored`` or a named failure (:class:`Status`); ``error``: its message.
         generated_questions: the N questions reverse-generated from the answer (may be empty
@@ -126,6 +133,9 @@ class RelevancyResult:
     status: str
     method: str
     error: Optional[str] = None
+    raw_score: Optional[float] = None
+    calibrated: bool = False
+    evaluator_version: Optional[str] = None
     generated_questions: list[str] = field(default_factory=list)
     similarities: list[float] = field(default_factory=list)
     noncommittal: list[bool] = field(default_factory=list)
@@ -147,10 +157,10 @@ class RelevancyResult:
     contexts: Optional[list[str]] = None
 
     def __post_init__(self) -> None:
-        if self.score is not None and not math.isfinite(self.score):
+        if (self.score is not None and not math.isfinite(self.score)) or (self.raw_score is not None and not math.isfinite(self.raw_score)):
             # A NaN/inf score is an engine bug; never let it escape.
-            self.error = f"non-finite score {self.score!r}"
-            self.score = None
+            self.error = f"non-finite score {self.score!r} (raw {self.raw_score!r})"
+            self.score = self.raw_score = None
             self.label = self.explanation = None
             self.status = Status.INTERNAL_ERROR
 

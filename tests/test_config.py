@@ -15,7 +15,7 @@ def test_defaults():
     settings = Settings.resolve(environ={})
     assert settings.strictness == 3 and settings.noncommittal == "per_question" and settings.generation == "joint"
     assert settings.method == "ragas_intent"
-    assert settings.thresholds == (0.8, 0.6, 0.4) and settings.attach == "answer_span" and settings.hold_timeout == 60.0
+    assert settings.thresholds is None and settings.calibration == "auto" and settings.attach == "answer_span" and settings.hold_timeout == 60.0
 
 
 def test_environment_overrides_default_and_argument_overrides_environment():

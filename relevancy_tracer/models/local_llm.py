@@ -9,7 +9,9 @@ The assembled file is verified against a pinned sha256 and cached under the user
 directory (``RELEVANCY_TRACER_CACHE_DIR``, else ``$XDG_CACHE_HOME/relevancy-tracer``, else
 ``~/.cache/relevancy-tracer``). The model loads lazily, once, on first use; inference is
 serialised by a lock so the model is safe to call from the worker thread and from any other.
-Output is constrained by llama.cpp's JSON-schema grammar.
+Decoding runs in :class:`~relevancy_tracer.models.local_decoding.Decoder`: KV-cache slots reuse
+shared prompt prefixes, each reply's JSON opening is forced, a judge's score is read as a digit
+distribution from one forward pass, and generation stops when the JSON value closes.
 
 llama.cpp is built with OpenMP; on a shared 2-core machine busy-waiting OpenMP threads slow
 inference roughly tenfold, so ``OMP_WAIT_POLICY=PASSIVE`` is set (unless already set) before
@@ -24,7 +26,6 @@ import hashlib
 import importlib
 import logging
 import os
-import re
 import tempfile
 import threading
 import weakref
@@ -32,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import numpy as np
 
 from .base import ChatReply, ModelError
+from .local_decoding import DecodeCancelled, Decoder, DecodeStats, JSONScanner, json_prefix
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -148,58 +149,8 @@ def resolve_model_path(model: str) -> tuple[str, Path]:
     raise ModelError(f"unknown local model {model!r}: use one of {', '.join(LOCAL_MODELS)} or a path to a GGUF file")
 
 
-class _Cancelled(Exception):
-    pass
-
-
-class _ScoreCapture:
-    """A llama.cpp logits processor that records the digit distribution of a JSON score.
-
-    While the reply is being generated it watches the text produced so far; at the step where
-    the next token is the first digit of ``"<key>":`` it takes the softmax of the raw logits over
-    the digit tokens ("5" and " 5" count as 5). Costs nothing but a short detokenisation per
-    generated token of a short reply.
-    """
-
-    def __init__(self, llama: Any, key: str, digit_tokens: dict[int, int]):
-        self._llama = llama
-        self._pattern = re.compile(r'"' + re.escape(key) + r'"\s*:\s*$')
-        self._digits = digit_tokens
-        self._start: Optional[int] = None
-        self.probs: Optional[dict[int, float]] = None
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        if self._start is None:
-            self._start = len(input_ids)
-        if self.probs is None:
-            text = self._llama.detokenize(list(input_ids[self._start :])).decode("utf-8", errors="ignore")
-            if self._pattern.search(text):
-                ids = list(self._digits)
-                logits = np.asarray([scores[i] for i in ids], dtype=np.float64)
-                weights = np.exp(logits - logits.max())
-                weights /= weights.sum()
-                probs: dict[int, float] = {}
-                for token, weight in zip(ids, weights):
-                    digit = self._digits[token]
-                    probs[digit] = probs.get(digit, 0.0) + float(weight)
-                self.probs = probs
-        return scores
-
-
-def _abort_when(cancelled: threading.Event) -> Any:
-    """A llama.cpp logits processor that aborts generation once ``cancelled`` is set.
-
-    Called before every sampled token, so a cancelled evaluation (deadline, shutdown) frees
-    the model within one token instead of generating to max_tokens.
-    """
-
-    def processor(_input_ids: Any, scores: Any) -> Any:
-        if cancelled.is_set():
-            raise _Cancelled()
-        return scores
-
-    return processor
-
+#: Identifies the decoding rules below; changing them changes every local evaluator version.
+DECODING = "llama.cpp: greedy; forced JSON prefix; 1-5 judgements as digit distributions after the prefix"
 
 _loaded: "weakref.WeakSet[LocalChatModel]" = weakref.WeakSet()
 
@@ -231,7 +182,12 @@ class LocalChatModel:
         self._threads = threads or max(1, os.cpu_count() or 1)
         self._n_ctx = n_ctx
         self._seed = seed
+        #: How replies are decoded; part of the evaluator's identity (see scoring/evaluator.py).
+        self.decoding = DECODING
         self._llama: Any = None
+        self._decoder: Optional[Decoder] = None
+        self._formatter: Any = None
+        self._add_bos = False
         self._digit_tokens: dict[int, int] = {}
         self._load_lock = threading.Lock()
         self._infer_lock = threading.Lock()
@@ -245,27 +201,52 @@ class LocalChatModel:
                 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
                 try:
                     from llama_cpp import Llama
+                    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
                 except ImportError as exc:
                     raise ModelError(f"llama-cpp-python is not installed ({exc}); pip install 'relevancy-tracer[local]'") from exc
                 try:
-                    self._llama = Llama(
+                    # The Llama object loads the weights and the tokenizer; its own context is
+                    # kept minimal: decoding runs in the Decoder's multi-slot context.
+                    llama = Llama(
                         model_path=str(path),
-                        n_ctx=self._n_ctx,
+                        n_ctx=256,
+                        n_batch=256,
                         n_threads=self._threads,
                         n_threads_batch=self._threads,
-                        n_batch=512,
                         seed=self._seed,
                         verbose=False,
                     )
                 except Exception as exc:  # llama.cpp raises ValueError/RuntimeError on a bad file
                     raise ModelError(f"cannot load {path}: {exc}") from exc
-                _loaded.add(self)
+                template = llama.metadata.get("tokenizer.chat_template")
+                eos_id = llama.token_eos()
+                eos_text = llama._model.token_get_text(eos_id) if eos_id != -1 else ""
+                bos_id = llama.token_bos()
+                bos_text = llama._model.token_get_text(bos_id) if bos_id != -1 else ""
+                if not template:
+                    raise ModelError(f"{path} has no chat template (tokenizer.chat_template)")
+                self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos_text, bos_token=bos_text)
+                stop_ids = {eos_id}
+                for marker in (b"<|im_end|>", b"<|endoftext|>", b"<|eot_id|>", b"<end_of_turn>"):
+                    ids = llama.tokenize(marker, add_bos=False, special=True)
+                    if len(ids) == 1:
+                        stop_ids.add(ids[0])
+                self._decoder = Decoder(llama._model, n_ctx=self._n_ctx, n_batch=256, n_threads=self._threads, n_slots=4, eos_tokens=stop_ids)
+                self._add_bos = bool(llama._model.add_bos_token()) if hasattr(llama._model, "add_bos_token") else False
                 for digit in "0123456789":
                     for form in (digit, " " + digit):
-                        tokens = self._llama.tokenize(form.encode(), add_bos=False, special=False)
+                        tokens = llama.tokenize(form.encode(), add_bos=False, special=False)
                         if len(tokens) == 1:
                             self._digit_tokens.setdefault(tokens[0], int(digit))
+                self._llama = llama
+                _loaded.add(self)
         return self._llama
+
+    @property
+    def stats(self) -> Optional[DecodeStats]:
+        """Decoding counters (prompt, cached and generated tokens) once the model is loaded."""
+        decoder = self._decoder
+        return decoder.stats if decoder is not None else None
 
     def close(self, timeout: float = 5.0) -> bool:
         """Free the llama.cpp model (loaded again on next use). Waits up to ``timeout`` seconds
@@ -275,14 +256,26 @@ class LocalChatModel:
         try:
             with self._load_lock:
                 llama, self._llama = self._llama, None
-            if llama is not None:
-                try:
-                    llama.close()
-                except Exception:
-                    pass
+                decoder, self._decoder = self._decoder, None
+            for resource in (decoder, llama):
+                if resource is not None:
+                    try:
+                        resource.close()
+                    except Exception:
+                        pass
             return True
         finally:
             self._infer_lock.release()
+
+    # ------------------------------------------------------------------ prompts
+
+    def _prompt_tokens(self, messages: Sequence[dict], prefix: str = "") -> list[int]:
+        """The chat-formatted prompt (generation prompt included) plus ``prefix``, as tokens."""
+        rendered = self._formatter(messages=list(messages)).prompt + prefix
+        return self._llama.tokenize(rendered.encode("utf-8"), add_bos=self._add_bos, special=True)
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        return self._llama.detokenize(tokens).decode("utf-8", errors="replace")
 
     def generate(self, messages: Sequence[dict], *, max_tokens: int = 256, temperature: float = 0.0) -> str:
         """Free-text chat completion (for apps generating with the embedded model), blocking.
@@ -290,12 +283,14 @@ class LocalChatModel:
         ``max_tokens`` caps the reply (tokens). Raises :class:`ModelError`.
         """
         with self._infer_lock:  # loaded under the lock, so close() cannot free it meanwhile
-            llama = self._load()
+            self._load()
             try:
-                response = llama.create_chat_completion(messages=list(messages), max_tokens=max_tokens, temperature=temperature, seed=self._seed)
+                tokens, _ = self._decoder.generate(
+                    self._prompt_tokens(messages), max_tokens=max_tokens, detokenize=self._detokenize, temperature=temperature, seed=self._seed
+                )
             except Exception as exc:
                 raise ModelError(f"llama.cpp failed: {type(exc).__name__}: {exc}") from exc
-        return (response["choices"][0]["message"].get("content") or "").strip()
+            return self._detokenize(tokens).strip()
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` under this model's tokenizer (loads the model)."""
@@ -316,7 +311,7 @@ class LocalChatModel:
         try:
             return await asyncio.to_thread(self._chat_sync, list(messages), schema, max_tokens, temperature, seed, cancelled, score_key)
         except asyncio.CancelledError:
-            cancelled.set()  # stop token generation in the thread at the next token
+            cancelled.set()  # stop decoding in the thread before its next llama.cpp call
             raise
 
     def _chat_sync(
@@ -329,34 +324,40 @@ class LocalChatModel:
         cancelled: threading.Event,
         score_key: Optional[str] = None,
     ) -> ChatReply:
+        """One JSON reply: the reply's opening is forced (``json_prefix``); a judge's score is
+        read as the digit distribution after ``{"<score_key>": `` in one forward pass."""
         with self._infer_lock:  # loaded under the lock, so close() cannot free it meanwhile
-            llama = self._load()
-            processors: list = [_abort_when(cancelled)]
-            capture = _ScoreCapture(llama, score_key, self._digit_tokens) if score_key and self._digit_tokens else None
-            if capture is not None:
-                processors.append(capture)
+            self._load()
+            decoder = self._decoder
             if cancelled.is_set():
                 raise ModelError("cancelled before it started")
             try:
-                response = llama.create_chat_completion(
-                    messages=messages,
-                    response_format={"type": "json_object", "schema": schema},
+                if score_key and self._digit_tokens:
+                    prefix = '{"' + score_key + '": '
+                    prompt = self._prompt_tokens(messages, prefix)
+                    probs, _mass = decoder.distribution(prompt, self._digit_tokens, cancelled)
+                    digit = max(probs, key=probs.get) if probs else 0
+                    return ChatReply(text=f"{prefix}{digit}}}", input_tokens=len(prompt), output_tokens=1, model=self.name, finish_reason="stop", score_probs=probs or None)
+                prefix = json_prefix(schema)
+                prompt = self._prompt_tokens(messages, prefix)
+                scanner = JSONScanner(prefix) if prefix else JSONScanner()
+                generated, finish = decoder.generate(
+                    prompt,
                     max_tokens=max_tokens,
+                    detokenize=self._detokenize,
+                    stop=scanner.feed,
                     temperature=temperature,
                     seed=self._seed if seed is None else seed,
-                    logits_processor=processors,
+                    cancelled=cancelled,
                 )
-            except _Cancelled as exc:
+            except DecodeCancelled as exc:
                 raise ModelError("cancelled while generating") from exc
             except Exception as exc:
                 raise ModelError(f"llama.cpp failed: {type(exc).__name__}: {exc}") from exc
-        choice = response["choices"][0]
-        usage = response.get("usage") or {}
         return ChatReply(
-            text=choice["message"].get("content") or "",
-            input_tokens=int(usage.get("prompt_tokens", 0)),
-            output_tokens=int(usage.get("completion_tokens", 0)),
+            text=prefix + self._detokenize(generated),
+            input_tokens=len(prompt),
+            output_tokens=len(generated),
             model=self.name,
-            finish_reason=choice.get("finish_reason"),
-            score_probs=capture.probs if capture is not None else None,
+            finish_reason=finish,
         )

@@ -19,6 +19,8 @@ from ..config import Settings
 from ..models import build_models
 from ..models.base import Models
 from ..result import EvaluationError, RelevancyResult, Status, Usage, label_for
+from .calibration import Calibration
+from .evaluator import evaluator_version, raw_fingerprint, resolve_calibration, thresholds_for
 from .methods import METHODS, EvalContext, StepCache, failure_of
 
 logger = logging.getLogger("relevancy_tracer")
@@ -105,6 +107,40 @@ class Engine:
         self._cache = StepCache()
         self._override_models: dict[tuple, Models] = {}
         self._override_lock = threading.Lock()
+        self._identities: dict[tuple, tuple[Optional[Calibration], tuple[float, float, float], str]] = {}
+
+    def raw_fingerprint(self, settings: Optional[Settings] = None, models: Optional[Models] = None) -> str:
+        """The fingerprint of the raw-score producer for ``settings`` (default: the engine's);
+        a calibration fitted on this engine's raw scores records it."""
+        settings = settings or self.settings
+        models = models or self._models_for(settings)
+        embedder = models.embedder
+        return raw_fingerprint(settings, models.llm.name, embedder.name if embedder is not None else None, getattr(models.llm, "decoding", ""))
+
+    def identity(self, settings: Settings, models: Optional[Models] = None) -> tuple[Optional[Calibration], tuple[float, float, float], str]:
+        """(calibration or None, label thresholds, evaluator version) for ``settings``.
+
+        Computed once per distinct evaluator (see :mod:`relevancy_tracer.scoring.evaluator`).
+        """
+        llm_name = models.llm.name if models is not None else settings.resolved_llm_model
+        embedder = models.embedder if models is not None else None
+        embedding_name = embedder.name if embedder is not None else settings.resolved_embedding_model
+        decoding = getattr(models.llm, "decoding", "") if models is not None else ""
+        key = (
+            settings.method, settings.strictness, settings.noncommittal, settings.generation, settings.temperature,
+            settings.max_answer_chars, settings.max_question_chars, settings.combined_weights, settings.thresholds,
+            settings.calibration, llm_name, embedding_name, decoding,
+        )
+        found = self._identities.get(key)
+        if found is None:
+            raw = raw_fingerprint(settings, llm_name, embedding_name, decoding)
+            calibration = resolve_calibration(settings.calibration, raw)
+            thresholds = thresholds_for(settings, calibration is not None)
+            found = (calibration, thresholds, evaluator_version(raw, calibration, thresholds))
+            if len(self._identities) > 256:
+                self._identities.clear()
+            self._identities[key] = found
+        return found
 
     @property
     def models(self) -> Models:
@@ -173,9 +209,15 @@ class Engine:
                 output = await asyncio.wait_for(method(context), timeout)
             else:
                 output = await method(context)
-            label, explanation = label_for(output.score, settings.thresholds)
+            raw = float(output.score)
+            calibration, thresholds, version = self.identity(settings, models)
+            reported = float(calibration(raw)) if calibration is not None else raw
+            label, explanation = label_for(reported, thresholds)
             result = RelevancyResult(
-                score=float(output.score),
+                score=reported,
+                raw_score=raw,
+                calibrated=calibration is not None,
+                evaluator_version=version,
                 label=label,
                 explanation=explanation,
                 status=Status.SCORED,
@@ -196,6 +238,10 @@ class Engine:
             if status == Status.INTERNAL_ERROR:
                 logger.exception("relevancy-tracer: internal error while scoring")
             result = RelevancyResult.failure(status, message, method=settings.method)
+            try:
+                result.evaluator_version = self.identity(settings, models)[2]
+            except Exception:  # identity of a failed evaluation is best effort
+                logger.debug("relevancy-tracer: no evaluator version for a failed evaluation", exc_info=True)
         result.strictness = settings.strictness
         result.llm_model = models.llm.name if models else settings.resolved_llm_model
         result.embedding_model = (models.embedder.name if models and models.embedder else settings.resolved_embedding_model)

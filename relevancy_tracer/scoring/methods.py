@@ -407,3 +407,7 @@ COMPONENTS: dict[str, Callable[[EvalContext], Awaitable[MethodOutput]]] = {
 }
 
 METHODS: dict[str, Callable[[EvalContext], Awaitable[MethodOutput]]] = {**COMPONENTS, "combined": combined, "ragas_intent": ragas_intent}
+
+#: Fixed component weights of the composite methods (``combined`` takes its weights from the
+#: ``combined_weights`` setting).
+COMPOSITE_WEIGHTS: dict[str, Sequence[tuple[str, float]]] = {"ragas_intent": RAGAS_INTENT_WEIGHTS}
