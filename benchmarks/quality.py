@@ -340,6 +340,43 @@ def baseline_records(items: list[dict]) -> list[dict]:
     return out
 
 
+#: Methods whose score is a fixed function of component scores (seed 000's combination and the
+#: earlier default), derived from a ``components`` pass instead of being rerun.
+SEED_WEIGHTS = {"ragas": 0.3, "direct": 0.25, "decomposition": 0.25, "intent": 0.2}
+DERIVED = {
+    "ragas": {"ragas": 1.0},
+    "direct": {"direct": 1.0},
+    "decomposition": {"decomposition": 1.0},
+    "intent": {"intent": 1.0},
+    "llm_similarity": {"llm_similarity": 1.0},
+    "combined": SEED_WEIGHTS,
+    "ragas_intent": {"ragas": 0.2, "intent": 0.8},
+}
+
+
+def derive(records: list[dict], weights: dict[str, float], name: str) -> list[dict]:
+    """Records of a method computed from a components pass: the weighted mean of the component
+    scores that succeeded (as ``methods.weighted`` does), raw and uncalibrated."""
+    out = []
+    for r in records:
+        parts = {k: r.get("components", {}).get(k) for k in weights}
+        ok = {k: v for k, v in parts.items() if v is not None}
+        total = sum(weights[k] for k in ok)
+        value = sum(weights[k] * v for k, v in ok.items()) / total if total else None
+        out.append(dict(r, config=name, raw=value, score=value, label_name=None, status="scored" if value is not None else "failed"))
+    return out
+
+
+def with_calibration(records: list[dict], kind: str = "platt") -> list[dict]:
+    """``score`` = the raw score mapped by a calibration fitted on the human set of these
+    records (out of sample for the pair sets; the human-set ECE is cross-validated separately)."""
+    human = [r for r in records if r["set"] == "human" and r.get("raw") is not None]
+    if len(human) < 20:
+        return records
+    calibration = fit_calibration([r["raw"] for r in human], [r["label"] for r in human], kind)
+    return [dict(r, score=float(calibration(r["raw"])) if r.get("raw") is not None else None) for r in records]
+
+
 def config_report(records: list[dict], relevant_labels: tuple[str, ...] = ("directly_addresses",)) -> dict[str, Any]:
     """Every measure for one config's records."""
     return {

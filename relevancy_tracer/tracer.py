@@ -402,7 +402,7 @@ class EvaluationJob:
             label = result.label if (result is not None and result.ok) else None
             tracer.metrics.count(name, status, label=label, reason=reason, error_type=error_type)
             if result is not None:
-                tracer.metrics.record_result(name, result.score if result.ok else None, result.latency_ms / 1000.0, result.method)
+                tracer.metrics.record_result(name, result.score if result.ok else None, result.latency_ms / 1000.0, result.method, result.evaluator_version)
                 if result.ok and tracer.drift is not None:
                     tracer.drift.observe(name, float(result.score))  # type: ignore[arg-type]
         except Exception:

@@ -24,6 +24,9 @@ EVALUATION_NAME = "answer_relevancy"
 
 # --- relevancy results
 SCORE = "relevancy.score"
+RAW_SCORE = "relevancy.raw_score"
+CALIBRATED = "relevancy.calibrated"
+EVALUATOR_VERSION = "relevancy.evaluator.version"
 LABEL = "relevancy.label"
 EXPLANATION = "relevancy.explanation"
 STATUS = "relevancy.status"

@@ -12,7 +12,8 @@ Instruments (meter ``relevancy_tracer``):
 * ``relevancy.evaluation.duration`` (histogram, ``s``): wall-clock time of each evaluation.
 * ``relevancy.queue.depth`` (observable gauge, ``{evaluation}``): evaluations queued or running.
 
-Every point carries ``span.name`` (the traced function's span) and ``service.name``.
+Every point carries ``span.name`` (the traced function's span) and ``service.name``; score and
+duration points also ``relevancy.method`` and ``relevancy.evaluator.version``.
 """
 
 from __future__ import annotations
@@ -71,9 +72,15 @@ class RelevancyMetrics:
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
 
-    def record_result(self, span_name: str, score: Optional[float], duration_s: Optional[float], method: str) -> None:
-        """Record a scored evaluation's score and an evaluation's duration."""
+    def record_result(self, span_name: str, score: Optional[float], duration_s: Optional[float], method: str, evaluator_version: Optional[str] = None) -> None:
+        """Record a scored evaluation's score and an evaluation's duration.
+
+        ``evaluator_version`` labels the points, so dashboards and alert rules compare scores of
+        one evaluator only (an evaluator change is not app drift).
+        """
         attrs = {A.ATTR_SPAN_NAME: span_name, A.ATTR_SERVICE_NAME: self.service_name, A.METHOD: method}
+        if evaluator_version:
+            attrs[A.EVALUATOR_VERSION] = evaluator_version
         if score is not None:
             self.score.record(score, attrs)
         if duration_s is not None:

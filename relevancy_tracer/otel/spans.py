@@ -63,7 +63,8 @@ def content_attributes(question: Optional[str], answer: Optional[str], contexts:
 def result_attributes(result: RelevancyResult, *, capture_content: bool, limit: int) -> dict[str, Any]:
     """The ``relevancy.*`` attributes of a result.
 
-    Scores, label, status, models, usage and timing always; texts derived from the question or
+    Scores (the reported score, the raw score and whether it is calibrated), label, status,
+    evaluator version, models, usage and timing always; texts derived from the question or
     answer (generated questions, sub-questions, intent) only when ``capture_content``.
     """
     attrs: dict[str, Any] = {
@@ -80,8 +81,13 @@ def result_attributes(result: RelevancyResult, *, capture_content: bool, limit: 
         attrs[A.EMBEDDING_MODEL] = result.embedding_model
     if result.truncated:
         attrs[A.TRUNCATED] = True
+    if result.evaluator_version:
+        attrs[A.EVALUATOR_VERSION] = result.evaluator_version
     if result.ok:
         attrs[A.SCORE] = float(result.score)  # type: ignore[arg-type]
+        if result.raw_score is not None:
+            attrs[A.RAW_SCORE] = float(result.raw_score)
+        attrs[A.CALIBRATED] = bool(result.calibrated)
         attrs[A.LABEL] = result.label
         attrs[A.EXPLANATION] = result.explanation
         if result.similarities:

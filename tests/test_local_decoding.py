@@ -1,0 +1,120 @@
+"""The fast local decoding path: JSON stopping and prefixes (no model), and with the embedded
+model: greedy output equal to llama-cpp-python's own, prompt-prefix reuse across interleaved
+conversations, single-pass digit distributions, cancellation."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from relevancy_tracer.models.local_decoding import JSONScanner, _pick, json_prefix
+from relevancy_tracer.scoring import prompts
+
+
+@pytest.mark.parametrize(
+    "prefix, pieces, closes_at",
+    [
+        ('{"score": ', ["4", "}"], 1),
+        ('{"questions": ["', ['Why is "x"', ' {so} [odd]?', '", "b"', "], ", '"noncommittal": [0, 0]', "}"], 5),
+        ('{"intent": "', ['The asker wants \\"it\\"', '."', "}", "trailing"], 2),
+        ("", ["{", '"a": [1, {"b": "}"}]', "}"], 2),
+    ],
+)
+def test_json_scanner_stops_when_the_opened_value_closes(prefix, pieces, closes_at):
+    scanner = JSONScanner(prefix)
+    results = [scanner.feed(piece) for piece in pieces]
+    assert results.index(True) == closes_at and all(results[closes_at:])
+
+
+def test_json_prefix_from_schemas():
+    assert json_prefix(prompts.SCORE_SCHEMA) == '{"score": '
+    assert json_prefix(prompts.questions_schema(3)) == '{"questions": ["'
+    assert json_prefix(prompts.INTENT_SCHEMA) == '{"intent": "'
+    assert json_prefix(prompts.coverage_schema(2)) == '{"addressed": ['
+    assert json_prefix({"type": "array"}) == "" and json_prefix({"type": "object", "properties": {}}) == ""
+
+
+def test_sampling_is_greedy_at_zero_and_seeded_otherwise():
+    logits = np.asarray([0.0, 3.0, 2.9, -1.0, 2.0], dtype=np.float32)
+    assert _pick(logits, 0.0, None) == 1
+    draws = [_pick(logits, 0.8, np.random.default_rng(7)) for _ in range(3)]
+    assert len(set(draws)) == 1  # same seed, same draw
+    spread = {_pick(logits, 1.0, np.random.default_rng(seed)) for seed in range(60)}
+    # top-p 0.95 keeps the three likeliest tokens (0.43, 0.39, 0.16 of the mass): 1, 2 and 4
+    assert {1, 2} <= spread <= {1, 2, 4}
+
+
+# ------------------------------------------------------------------------------ with the model
+
+
+@pytest.fixture(scope="module")
+def model():
+    pytest.importorskip("llama_cpp", reason="needs the local extra")
+    from relevancy_tracer.models.local_llm import LocalChatModel
+
+    chat = LocalChatModel("qwen2.5-coder-1.5b", threads=2, n_ctx=4096)
+    yield chat
+    chat.close()
+
+
+@pytest.mark.local_models
+def test_greedy_reply_equals_llama_cpp_python_greedy(model):
+    messages = prompts.joint_questions("France is in western Europe and Paris is its capital.", 3)
+    prefix = json_prefix(prompts.questions_schema(3))
+    with model._infer_lock:
+        model._load()
+        tokens = model._prompt_tokens(messages, prefix)
+        ours, _ = model._decoder.generate(tokens, max_tokens=24, detokenize=model._detokenize)
+        reference = []
+        llama = model._llama
+        # llama-cpp-python's own greedy loop over the same prompt, in a fresh context
+        from llama_cpp import Llama
+
+        fresh = Llama(model_path=llama.model_path, n_ctx=1024, n_threads=2, verbose=False)
+        for token in fresh.generate(tokens, temp=0.0, top_k=1):
+            if token in model._decoder.eos or len(reference) >= 24:
+                break
+            reference.append(token)
+        fresh.close()
+    assert model._detokenize(ours) == model._detokenize(reference)
+
+
+@pytest.mark.local_models
+def test_interleaved_conversations_reuse_their_prefixes(model):
+    def conversation(answer: str) -> list[dict]:
+        return prompts.direct_score("Where is France and what is its capital?", answer)
+
+    answers = ["France is in western Europe and Paris is its capital.", "I don't know.", "Bananas are yellow."]
+    import asyncio
+
+    async def judge(answer: str) -> float:
+        reply = await model.chat_json(conversation(answer), prompts.SCORE_SCHEMA, max_tokens=8, score_key="score")
+        assert reply.score_probs and abs(sum(reply.score_probs.values()) - 1.0) < 1e-6
+        return sum(d * p for d, p in reply.score_probs.items())
+
+    sequential = [asyncio.run(judge(a)) for a in answers]
+    before = model.stats.prompt_tokens, model.stats.cached_tokens
+
+    async def interleaved() -> list[float]:
+        return list(await asyncio.gather(*(judge(a) for a in answers)))
+
+    again = asyncio.run(interleaved())
+    prompt_tokens = model.stats.prompt_tokens - before[0]
+    cached = model.stats.cached_tokens - before[1]
+    assert np.allclose(again, sequential, atol=0.02)  # the KV cache reuse does not change judgements
+    assert cached > prompt_tokens  # most of each prompt came from the slots
+    assert sequential[0] > sequential[1] and sequential[0] > sequential[2]
+
+
+@pytest.mark.local_models
+def test_cancelled_generation_stops_and_the_model_stays_usable(model):
+    cancelled = threading.Event()
+    cancelled.set()
+    from relevancy_tracer.models.base import ModelError
+
+    with pytest.raises(ModelError):
+        model._chat_sync(prompts.joint_questions("Paris is the capital of France.", 3), prompts.questions_schema(3), 64, 0.0, None, cancelled)
+    reply = model._chat_sync(prompts.joint_questions("Paris is the capital of France.", 3), prompts.questions_schema(3), 160, 0.0, None, threading.Event())
+    assert reply.text.startswith('{"questions": ["') and reply.finish_reason == "stop"
