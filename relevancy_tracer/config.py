@@ -23,7 +23,7 @@ logger = logging.getLogger("relevancy_tracer")
 
 ENV_PREFIX = "RELEVANCY_TRACER_"
 
-METHODS = ("ragas_intent", "ragas", "llm_similarity", "direct", "decomposition", "intent", "combined")
+METHODS = ("ragas_judge", "ragas_intent", "ragas", "llm_similarity", "direct", "decomposition", "intent", "combined")
 NONCOMMITTAL_RULES = ("all", "any", "per_question")
 GENERATION_MODES = ("joint", "independent")
 BACKENDS = ("local", "openai")

@@ -155,3 +155,34 @@ def test_default_settings_pick_the_default_method(server):
     settings = Settings.resolve(environ={}, llm="openai", embeddings="openai", llm_base_url=server.base_url, llm_model="m", embedding_model="e")
     assert settings.method == "ragas_intent" and settings.noncommittal == "per_question" and settings.generation == "joint"
     assert Engine(settings).score(Q, A).components.keys() == {"ragas", "intent"}
+
+
+def test_ragas_judge_continues_the_question_conversation_and_combines_its_components(server):
+    from relevancy_tracer.scoring.methods import RAGAS_JUDGE
+
+    first = json.dumps({"questions": ["Where is France?", "What is the capital of France?", "Is Paris in France?"], "noncommittal": [0, 0, 0]})
+    server.chat.push(first)
+    result = engine_for(server, method="ragas_judge").score(Q, A)
+    assert result.status == Status.SCORED and result.llm_calls == 2
+    assert set(result.components) == {"judge", "topicality", "ragas"}
+    assert result.generated_questions == ["Where is France?", "What is the capital of France?", "Is Paris in France?"]
+    judge_request = server.requests_to("chat")[1]["messages"]
+    # the judgement is the second turn of the question-generation conversation
+    assert judge_request[:2] == server.requests_to("chat")[0]["messages"]
+    assert judge_request[2] == {"role": "assistant", "content": first}
+    assert "The user's actual question was" in judge_request[3]["content"] and Q in judge_request[3]["content"]
+    embed_inputs = server.requests_to("embeddings")[0]["input"]
+    assert embed_inputs == [Q, "Where is France?", "What is the capital of France?", "Is Paris in France?", A]  # one request
+    judge, topicality = result.components["judge"], result.components["topicality"]
+    assert judge == pytest.approx(0.8)  # the fake server's digit distribution, as for `direct`
+    expected = (RAGAS_JUDGE["judge_weight"] * judge + RAGAS_JUDGE["topicality_weight"] * min(topicality, RAGAS_JUDGE["cap"])) / (
+        RAGAS_JUDGE["judge_weight"] + RAGAS_JUDGE["topicality_weight"] * RAGAS_JUDGE["cap"]
+    )
+    assert result.raw_score == pytest.approx(expected)
+
+
+def test_ragas_judge_ranks_an_off_topic_answer_below_an_answer(server):
+    engine = engine_for(server, method="ragas_judge", calibration="none")
+    good = engine.score(Q, A)
+    off = engine.score(Q, "Bananas are rich in potassium and grow in tropical climates.")
+    assert good.ok and off.ok and good.score > off.score

@@ -41,7 +41,7 @@ def _sha(payload: Any) -> str:
 
 def _method_prompts(method: str, settings: Settings) -> list[Any]:
     """The rendered prompts and schemas a method sends (placeholder texts), for fingerprints."""
-    from .methods import COMPOSITE_WEIGHTS
+    from .methods import COMPOSITE_WEIGHTS, RAGAS_JUDGE
 
     n = settings.strictness
     questions = [prompts.joint_questions("ANSWER", n), prompts.questions_schema(n)] if settings.generation == "joint" else [prompts.single_question("ANSWER"), prompts.QUESTION_SCHEMA]
@@ -51,6 +51,7 @@ def _method_prompts(method: str, settings: Settings) -> list[Any]:
         "direct": [prompts.direct_score("QUESTION", "ANSWER"), prompts.SCORE_SCHEMA],
         "decomposition": [prompts.decompose("QUESTION"), prompts.DECOMPOSE_SCHEMA, prompts.coverage("ANSWER", ["SUB"]), prompts.coverage_schema(1)],
         "intent": [prompts.intent("QUESTION"), prompts.INTENT_SCHEMA, prompts.fulfilment("QUESTION", "ANSWER", "INTENT"), prompts.SCORE_SCHEMA],
+        "ragas_judge": questions + [prompts.judge_turn([{"role": "assistant", "content": "REPLY"}], "QUESTION"), prompts.SCORE_SCHEMA, RAGAS_JUDGE],
     }
     if method in table:
         return table[method]
@@ -58,9 +59,6 @@ def _method_prompts(method: str, settings: Settings) -> list[Any]:
     out: list[Any] = [["weights", [list(w) for w in weights]]]
     for name, _ in weights:
         out.extend(_method_prompts(name, settings))
-    extra = getattr(prompts, "METHOD_PROMPTS", {}).get(method)
-    if extra is not None:
-        out.extend(extra(settings))
     return out
 
 

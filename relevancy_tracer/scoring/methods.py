@@ -204,24 +204,38 @@ async def generate_questions(ctx: EvalContext) -> tuple[list[str], list[bool]]:
     """N questions reverse-generated from the answer, each with a noncommittal flag."""
     n = ctx.settings.strictness
     if ctx.settings.generation == "joint":
-        return await ctx.ask(
-            prompts.joint_questions(ctx.answer, n),
+        messages = prompts.joint_questions(ctx.answer, n)
+        value, reply = await ask_json(
+            ctx.models.llm,
+            messages,
             prompts.questions_schema(n),
             _questions_validator(n),
+            usage=ctx.usage,
+            retries=ctx.settings.json_retries,
             max_tokens=QUESTION_TOKENS * n + 32,
             temperature=ctx.settings.temperature,
         )
+        # the exchange, kept so a judge can continue the same conversation (KV-cache reuse)
+        ctx._memo["questions_conversation"] = messages + [{"role": "assistant", "content": reply.text}]
+        return value
     temperature = max(ctx.settings.temperature, 0.7)  # N identical greedy questions would be pointless
 
     async def one(i: int) -> tuple[str, bool]:
-        return await ctx.ask(
-            prompts.single_question(ctx.answer),
+        messages = prompts.single_question(ctx.answer)
+        value, reply = await ask_json(
+            ctx.models.llm,
+            messages,
             prompts.QUESTION_SCHEMA,
             _question_item,
+            usage=ctx.usage,
+            retries=ctx.settings.json_retries,
             max_tokens=QUESTION_TOKENS + 24,
             temperature=temperature,
             seed=1000 + i,
         )
+        if i == 0:
+            ctx._memo["questions_conversation"] = messages + [{"role": "assistant", "content": reply.text}]
+        return value
 
     pairs = await asyncio.gather(*(one(i) for i in range(n)))
     return [q for q, _ in pairs], [f for _, f in pairs]
@@ -232,7 +246,8 @@ def _questions(ctx: EvalContext) -> "asyncio.Future[tuple[list[str], list[bool]]
 
 
 async def embedding_similarities(ctx: EvalContext, generated: list[str]) -> np.ndarray:
-    """Cosine similarity of each generated question to the original: ONE embeddings request.
+    """Cosine similarity of each text in ``generated`` (generated questions, or the answer) to
+    the original question: ONE embeddings request.
 
     Raises EvaluationError(``embedding_error``) for a wrong vector count, or a zero or NaN vector.
     """
@@ -361,6 +376,48 @@ async def ragas_intent(ctx: EvalContext) -> MethodOutput:
     return await weighted(ctx, RAGAS_INTENT_WEIGHTS)
 
 
+#: The default method's score model, chosen on the development sets (README, "Quality"):
+#: ``raw = (judge_weight * judge + topicality_weight * min(similarity(question, answer), cap))``
+#: divided by the largest value the numerator can take (``judge_weight + topicality_weight *
+#: cap``), so raw lies in [0, 1] for non-negative similarities. The cap makes topicality a floor
+#: check: similarity above it says nothing more (on-topic answers vary in depth, which the
+#: judge rates), below it marks evasive, off-topic and padded answers.
+RAGAS_JUDGE = {"judge_weight": 0.5, "topicality_weight": 2.0, "cap": 0.4}
+
+
+async def judge_after_questions(ctx: EvalContext) -> float:
+    """Seed 000's direct judgement, asked as a second turn after the RAGAS question generation:
+    the model has just restated what the answer answers, then rates 1-5 how well it addresses
+    the user's question (expected value over the digits, G-Eval). One more request, whose prompt
+    is the first turn plus the question (a KV-cache hit for local models and servers with
+    prefix caching)."""
+    await _questions(ctx)
+    conversation = ctx._memo["questions_conversation"]  # joint: the exchange; independent: the first
+    return await ctx.ask_score(prompts.judge_turn(conversation, ctx.question))
+
+
+async def ragas_judge(ctx: EvalContext) -> MethodOutput:
+    """The default: RAGAS reverse-generated questions (evidence, and context for the judge), a
+    1-5 judgement of how well the answer addresses the question asked after them, and the
+    answer's topicality (embedding similarity to the question, capped), combined by
+    :data:`RAGAS_JUDGE`. Two chat requests and one embeddings request per evaluation."""
+    questions, flags = await _questions(ctx)
+    judged = await judge_after_questions(ctx)
+    sims = await embedding_similarities(ctx, list(questions) + [ctx.answer])
+    question_sims, answer_sim = sims[:-1], float(sims[-1])
+    ragas_score = apply_noncommittal(question_sims, flags, ctx.settings.noncommittal)
+    topicality = min(answer_sim, RAGAS_JUDGE["cap"])
+    numerator = RAGAS_JUDGE["judge_weight"] * judged + RAGAS_JUDGE["topicality_weight"] * topicality
+    raw = numerator / (RAGAS_JUDGE["judge_weight"] + RAGAS_JUDGE["topicality_weight"] * RAGAS_JUDGE["cap"])
+    return MethodOutput(
+        score=raw,
+        generated_questions=questions,
+        similarities=[float(x) for x in question_sims],
+        noncommittal=flags,
+        components={"judge": judged, "topicality": answer_sim, "ragas": ragas_score},
+    )
+
+
 async def weighted(ctx: EvalContext, weights_setting: Sequence[tuple[str, float]]) -> MethodOutput:
     """Weighted mean of component methods; weights renormalised over the components that succeeded.
 
@@ -406,7 +463,7 @@ COMPONENTS: dict[str, Callable[[EvalContext], Awaitable[MethodOutput]]] = {
     "intent": intent,
 }
 
-METHODS: dict[str, Callable[[EvalContext], Awaitable[MethodOutput]]] = {**COMPONENTS, "combined": combined, "ragas_intent": ragas_intent}
+METHODS: dict[str, Callable[[EvalContext], Awaitable[MethodOutput]]] = {**COMPONENTS, "combined": combined, "ragas_intent": ragas_intent, "ragas_judge": ragas_judge}
 
 #: Fixed component weights of the composite methods (``combined`` takes its weights from the
 #: ``combined_weights`` setting).

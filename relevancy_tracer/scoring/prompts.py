@@ -118,6 +118,22 @@ def single_question(answer: str) -> list[dict]:
     )
 
 
+def judge_turn(conversation: list[dict], question: str) -> list[dict]:
+    """The ``ragas_judge`` judgement: the question-generation exchange, then the user's actual
+    question and seed 000's direct rating criteria, on a 1-5 scale (read as an expected value)."""
+    return list(conversation) + [
+        {
+            "role": "user",
+            "content": "The user's actual question was:\n"
+            + question_block(question)
+            + "\nTask: rate from 1 to 5 how well the answer addresses this question.\n"
+            "5: answers every part of it directly. 4: answers it with a small gap or a little unrelated content. "
+            "3: answers only part of it, or is vague. 2: barely addresses it. 1: does not address it (irrelevant, evasive, or says it does not know).\n"
+            'Reply as {"score": <1-5>}.',
+        }
+    ]
+
+
 # ---------------------------------------------------------------------------- llm_similarity
 
 SIMILARITY_SCALE = (0.0, 0.25, 0.5, 0.75, 1.0)
