@@ -30,8 +30,9 @@ from .drift import DriftEvent, DriftMonitor
 from .extraction import CallInfo
 from .result import RelevancyResult, Status
 from .sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler
+from .job import EvaluationOutcome
+from .lifecycle import configure, flush, shutdown
 from .scoring.engine import Engine
-from .tracer import EvaluationOutcome, configure, flush, shutdown
 
 __version__ = "0.1.0"
 
@@ -78,10 +79,12 @@ def evaluate(
 
 
 def drift_monitor() -> Optional[DriftMonitor]:
-    """The current tracer's drift monitor (None when ``drift_detection`` is off)."""
-    from . import tracer
+    """The current tracer's drift monitor (None when ``drift_detection`` is off or after
+    ``shutdown()``)."""
+    from . import lifecycle
 
-    return tracer.current().drift
+    runtime = lifecycle.current()
+    return runtime.drift if runtime is not None else None
 
 
 __all__ = [

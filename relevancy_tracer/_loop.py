@@ -1,15 +1,30 @@
-"""A daemon thread owning one asyncio event loop, restarted after ``os.fork``.
+"""The one event-loop engine of the package: a daemon thread owning one asyncio loop.
 
-Used to run coroutines from sync code (``score()``, ``evaluate()``) on one long-lived loop, so
-async HTTP clients bound to that loop keep their connection pools, and never get collected on
-a closed loop. The tracer's worker owns its own instance.
+Everything asynchronous the package does runs on the process's :class:`BackgroundLoop` (owned by
+the runtime, see ``runtime.py``): the tracer's worker dispatches evaluations on it, and sync
+``score()``/``evaluate()`` and the CLI run their coroutines on it. One long-lived loop keeps the
+async HTTP clients bound to it alive, with their connection pools, and closes them before the
+loop ends (:func:`register_loop_closer`).
+
+Guarantees:
+
+* **Start is checked.** :meth:`BackgroundLoop.loop` publishes a loop only once its thread runs;
+  when a thread cannot be started (a container's process limit) it raises
+  :class:`LoopStartError`, and the next call tries again.
+* **Stop is bounded.** :meth:`BackgroundLoop.stop` returns within its timeout whatever the
+  loop's tasks do: closers get part of the budget, tasks are cancelled, the thread is joined for
+  what is left (it is a daemon: it never blocks interpreter exit).
+* **Fork.** :meth:`reset_after_fork` forgets the parent's thread and loop in a child (the
+  runtime calls it from its one ``os.register_at_fork`` hook); the child's loop starts on first
+  use.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import concurrent.futures
 import threading
+import time
 import weakref
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
@@ -19,10 +34,13 @@ T = TypeVar("T")
 #: it); run in that loop by :func:`run_loop_closers` before it closes.
 _closers: list[Callable[[], Awaitable[None]]] = []
 
-
-#: Loops created by :class:`BackgroundLoop`: this package runs the closers in them before they
-#: close, so resources bound to them (an aiohttp session) may be long-lived.
+#: Loops created by :class:`BackgroundLoop`: resources bound to them (an aiohttp session) may be
+#: long-lived, because this package closes them with the loop.
 _owned: "weakref.WeakSet[asyncio.AbstractEventLoop]" = weakref.WeakSet()
+
+
+class LoopStartError(RuntimeError):
+    """The loop's thread could not be started (e.g. the process may not create threads)."""
 
 
 def is_owned_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -44,66 +62,152 @@ async def run_loop_closers() -> None:
             pass
 
 
-class BackgroundLoop:
-    """Lazily started event loop in a daemon thread named ``name``."""
+#: Starts threads; replaced in tests to simulate a process that may not create threads.
+def _start_thread(thread: threading.Thread) -> None:
+    thread.start()
 
-    def __init__(self, name: str):
+
+class BackgroundLoop:
+    """A lazily started asyncio loop in a daemon thread named ``name``.
+
+    Args:
+        name: the thread's name. start_timeout: seconds to wait for a new thread to run its loop.
+    """
+
+    def __init__(self, name: str, start_timeout: float = 5.0):
         self._name = name
+        self._start_timeout = start_timeout
         self._lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
-        self._pid = os.getpid()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's thread and loop (they do not exist here)."""
+        self._lock = threading.Lock()
+        self._loop = None
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        """True while the loop's thread is alive."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
 
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, started on first use (and again in a forked child)."""
+        """The running loop, started on first use (and again after a stop or a fork).
+
+        Raises :class:`LoopStartError` when the thread cannot be started.
+        """
+        loop = self._loop
+        if loop is not None and self.running:
+            return loop
         with self._lock:
-            if self._loop is None or self._pid != os.getpid() or not (self._thread and self._thread.is_alive()):
-                self._pid = os.getpid()
-                loop = asyncio.new_event_loop()
-                _owned.add(loop)
-                ready = threading.Event()
+            if self._loop is not None and self.running:
+                return self._loop
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
 
-                def run() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                try:
                     loop.run_forever()
+                finally:
+                    try:
+                        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                        for task in pending:
+                            task.cancel()
+                        if pending:
+                            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                        loop.run_until_complete(loop.shutdown_asyncgens())
+                    except Exception:  # pragma: no cover - never fail a daemon thread's exit
+                        pass
+                    finally:
+                        loop.close()
 
-                self._thread = threading.Thread(target=run, name=self._name, daemon=True)
-                self._thread.start()
-                ready.wait()
-                self._loop = loop
-            return self._loop
+            thread = threading.Thread(target=run, name=self._name, daemon=True)
+            try:
+                _start_thread(thread)
+            except Exception as exc:  # RuntimeError: can't start new thread
+                loop.close()
+                raise LoopStartError(f"cannot start the {self._name} thread: {exc}") from exc
+            if not ready.wait(self._start_timeout):
+                raise LoopStartError(f"the {self._name} thread did not start its loop in {self._start_timeout:g} s")
+            _owned.add(loop)
+            self._loop, self._thread = loop, thread
+            return loop
 
     def in_loop_thread(self) -> bool:
         """True when called from the loop's own thread."""
         return self._thread is not None and threading.current_thread() is self._thread
 
+    def submit(self, factory: Callable[[], Awaitable[T]]) -> "concurrent.futures.Future[T]":
+        """Schedule ``factory()`` on the loop; a concurrent future of its result.
+
+        Raises :class:`LoopStartError` when the loop cannot be started.
+        """
+        return asyncio.run_coroutine_threadsafe(_call(factory), self.loop())
+
     def run(self, factory: Callable[[], Awaitable[T]], timeout: Optional[float] = None) -> T:
         """Run ``factory()`` on the loop and wait for its result (blocking the caller)."""
-        future = asyncio.run_coroutine_threadsafe(_call(factory), self.loop())
-        return future.result(timeout)
+        if self.in_loop_thread():
+            raise RuntimeError("BackgroundLoop.run() called from the loop's own thread would deadlock")
+        return self.submit(factory).result(timeout)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the loop and join its thread (pending tasks are cancelled)."""
+    def call_soon(self, callback: Callable[..., Any], *args: Any) -> bool:
+        """``callback(*args)`` in the loop's thread, if the loop runs; False otherwise."""
+        loop = self._loop
+        if loop is None or not self.running or loop.is_closed():
+            return False
+        try:
+            loop.call_soon_threadsafe(callback, *args)
+            return True
+        except RuntimeError:  # closed meanwhile
+            return False
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Run the closers, cancel every task, stop the loop and join its thread.
+
+        Returns within about ``timeout`` seconds; True when the thread ended in time.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
-        if loop is None or thread is None or self._pid != os.getpid():
-            return
-
+        if loop is None or thread is None or not thread.is_alive() or loop.is_closed():
+            return True
+        if threading.current_thread() is thread:
+            loop.call_soon(loop.stop)
+            return False
         try:
-            asyncio.run_coroutine_threadsafe(run_loop_closers(), loop).result(timeout)
+            asyncio.run_coroutine_threadsafe(run_loop_closers(), loop).result(max(0.0, min(2.0, (deadline - time.monotonic()) / 2)))
         except Exception:
             pass
-
-        def halt() -> None:
-            for task in asyncio.all_tasks(loop):
-                task.cancel()
-            loop.call_soon(loop.stop)
-
-        loop.call_soon_threadsafe(halt)
-        thread.join(timeout)
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:
+            return True
+        thread.join(max(0.0, deadline - time.monotonic()))
+        return not thread.is_alive()
 
 
 async def _call(factory: Callable[[], Awaitable[Any]]) -> Any:
     return await factory()
+
+
+_process_loop = BackgroundLoop("relevancy-tracer")
+
+
+def process_loop() -> BackgroundLoop:
+    """The process's one loop engine (shared by the tracer's worker, ``score()``, ``evaluate()``
+    and the CLI). Its thread starts on first use; a forked child gets a fresh one."""
+    return _process_loop
+
+
+def _renew_process_loop() -> None:
+    _process_loop.reset_after_fork()
+
+
+from . import _fork  # noqa: E402  (the loop module is imported by everything; register once)
+
+_fork.after_fork(_renew_process_loop)

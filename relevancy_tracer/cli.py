@@ -23,7 +23,8 @@ from typing import Any, Optional, Sequence
 from .config import GENERATION_MODES, METHODS, NONCOMMITTAL_RULES, Settings
 from .dataset import ColumnMapping, InputRow, RowWriter, read_rows
 from .result import RelevancyResult, Status
-from .scoring.engine import Engine, _sync_loop
+from ._loop import process_loop
+from .scoring.engine import Engine
 
 OUTPUT_FIELDS = (
     "score",
@@ -167,7 +168,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             finished.set()
 
     interrupted = False
-    future = asyncio.run_coroutine_threadsafe(run_all(), _sync_loop.loop())
+    future = asyncio.run_coroutine_threadsafe(run_all(), process_loop().loop())
     try:
         future.result()
     except KeyboardInterrupt:
@@ -252,7 +253,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                     failures[result.status] += 1
 
         try:
-            _sync_loop.run(lambda: _score_rows(engine, [row for row, _ in labelled], mapping, settings.concurrency, on_done))
+            process_loop().run(lambda: _score_rows(engine, [row for row, _ in labelled], mapping, settings.concurrency, on_done))
         finally:
             bar.close()
     kept = sorted(raws)

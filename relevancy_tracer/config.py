@@ -41,7 +41,13 @@ DEFAULT_COMBINED_WEIGHTS = (("ragas", 0.3), ("direct", 0.25), ("decomposition", 
 
 
 def _local_llm_installed() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
+    """llama-cpp-python and the default local model's packages are installed (checked through
+    package metadata: nothing is imported)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return False
+    from .models.local_llm import LOCAL_MODELS, model_installed
+
+    return model_installed(LOCAL_MODELS["qwen2.5-coder-1.5b"])
 
 
 def _local_embeddings_installed() -> bool:
@@ -211,7 +217,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("llm_response_format", "json_object | json_schema | none", "", "How JSON output is requested from OpenAI-compatible servers; falls back to `none` when a server rejects it.", str, _check_choice(RESPONSE_FORMATS)),
     _spec("json_retries", "int", "", "Times a malformed JSON reply is re-asked before the evaluation fails with status `invalid_json`.", int, _check_number(0, 10, integer=True)),
     _spec("temperature", "float", "", "Sampling temperature of question generation (`independent` mode uses max(temperature, 0.7) so the N questions differ).", float, _check_number(0.0, 2.0)),
-    _spec("local_threads", "int", "", "CPU threads of the local llama.cpp model. Default: all cores.", lambda s: int(s) if s.strip() else None, _check_number(1, 256, integer=True, optional=True)),
+    _spec("local_threads", "int", "", "CPU threads of the local llama.cpp model. Default: the CPUs this process may use (its CPU affinity and cgroup CPU quota).", lambda s: int(s) if s.strip() else None, _check_number(1, 256, integer=True, optional=True)),
     _spec("local_context", "int", "tokens", "Context window of the local llama.cpp model.", int, _check_number(512, 32768, integer=True)),
     # ---- metric
     _spec("method", "|".join(METHODS), "", "Relevancy method (see README, 'Methods').", str, _check_choice(METHODS)),
@@ -233,7 +239,11 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("evaluation_timeout", "float", "s", "Deadline of one evaluation in the worker (status `timeout`).", float, _check_number(0.001)),
     _spec("hold_timeout", "float", "s", "`answer_span` mode: a held span older than this is ended at once with status `timeout`.", float, _check_number(0.001)),
     _spec("attach", "|".join(ATTACH_MODES), "", "`answer_span`: the result goes on the answer span, held open until scored; `evaluation_span`: on an OpenInference EVALUATOR span linked to it.", str, _check_choice(ATTACH_MODES)),
-    _spec("capture_content", "bool", "", "Record question, answer and contexts text on spans. When false only scores are recorded (no text, no generated questions).", _parse_bool, _check_bool),
+    _spec("capture_content", "bool", "", "Record question, answer and contexts text on spans. When false no user text, generated question, model reply or error message reaches spans, events, logs, metrics or `on_result`: only scores, statuses and error types. Falls back to the GenAI convention's `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`.", _parse_bool, _check_bool, ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",)),
+    _spec("max_contexts", "int", "documents", "Most retrieved contexts taken from a call (recorded and queued); the rest are ignored.", int, _check_number(0, 100, integer=True)),
+    _spec("max_context_chars", "int", "characters", "Most characters of all contexts of a call together.", int, _check_number(0, 10_000_000, integer=True)),
+    _spec("score_unrecorded", "bool", "", "Also evaluate calls whose span is not recorded (OTEL_SDK_DISABLED, no-op provider, parent sampled out): metrics-only scoring. Default: only recorded spans are evaluated.", _parse_bool, _check_bool),
+    _spec("score_incomplete_streams", "bool", "", "Score streams the consumer closed before their end (status otherwise `incomplete`, not scored).", _parse_bool, _check_bool),
     _spec("max_content_chars", "int", "characters", "Longest text recorded in one span attribute.", int, _check_number(16, integer=True)),
     _spec("redact", "callable", "", "`fn(text, field) -> str`, applied to question, answer and contexts before they are recorded or sent to a model. Argument only.", None, _check_optional_callable),
     _spec("on_result", "callable", "", "`fn(EvaluationOutcome)`, called in the worker after each evaluation ends (scored or not); exceptions are logged. Argument only.", None, _check_optional_callable),
@@ -286,6 +296,10 @@ class Settings:
     hold_timeout: float = 60.0
     attach: str = "answer_span"
     capture_content: bool = True
+    max_contexts: int = 16
+    max_context_chars: int = 32000
+    score_unrecorded: bool = False
+    score_incomplete_streams: bool = False
     max_content_chars: int = 8000
     redact: Optional[Callable[[str, str], str]] = None
     on_result: Optional[Callable[[Any], None]] = None

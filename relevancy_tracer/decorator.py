@@ -1,23 +1,31 @@
 """``@trace`` and ``instrument()``: one wrapt decorator for every kind of callable.
 
-The kind of call is decided once, at decoration time: sync function, coroutine function,
-generator function, or async generator function (classmethod/staticmethod objects are looked
-through). wrapt keeps the signature, docstring, ``inspect`` flags and method binding. Around
-the call:
+The kind of call is decided once, at decoration time, from the callable actually wrapped (not
+from what ``inspect.unwrap`` finds behind a ``functools.wraps`` wrapper): a sync function,
+coroutine function, generator function or async generator function (classmethod and
+staticmethod objects are looked through to the function they hold). wrapt keeps the
+signature, docstring, ``inspect`` flags and method binding. Around the call:
 
 * a span is started and made current, so the app's own child spans nest under it;
-* the wrapped function is called exactly once, and its return value and exceptions pass
-  through unchanged (an exception is recorded on the span, status ERROR, and re-raised as is);
-* everything the tracer does sits in ``try/except Exception`` (see ``tracer.py``).
+* the wrapped function is called exactly once; its return value is passed back as the very same
+  object, and its exceptions propagate unchanged (same object, args and traceback);
+* everything the tracer does sits in ``try/except Exception`` (see ``call.py``).
 
-Streams: for generator functions the span starts at the first ``next()``; every chunk is
-passed through unchanged (``send``/``throw``/``close`` are delegated), its text accumulated up
-to the answer budget; the call is scored when the stream is exhausted or closed. A sync or async
-function that *returns* a generator is treated the same way.
+What is never touched: a sync function that returns an awaitable, or a sync or async function
+that returns an iterator or generator, gets its return value back untouched (the call is not
+scored, status ``skipped``), unless the decoration opts in with ``stream=True``, which wraps a
+returned (async) generator as below.
+
+Streams: for generator functions the span starts at the first ``next()``; every chunk is passed
+through unchanged (``send``/``throw``/``close`` are delegated, PEP 380), its text accumulated up
+to the answer budget; the call is scored when the stream is exhausted. A stream closed before
+its end (a client disconnect) gets status ``incomplete`` and is not scored unless
+``score_incomplete_streams`` is set.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import logging
 import types
@@ -28,31 +36,28 @@ import wrapt
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
-from . import tracer as _tracer
+from . import lifecycle
+from .call import EVALUATION_OVERRIDES, CallState, TraceOptions
 from .config import Settings
 from .extraction import Extractor, Spec, chunk_text
-from .tracer import EVALUATION_OVERRIDES, CallState, TraceOptions
 
 logger = logging.getLogger("relevancy_tracer")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _get_tracer() -> Optional["_tracer.Tracer"]:
-    tracer = _tracer._current
-    if tracer is not None:
-        return tracer if tracer.enabled else None
+def _runtime() -> Any:
     try:
-        tracer = _tracer.current()
+        runtime = lifecycle.current()
     except Exception:
         logger.exception("relevancy-tracer: could not build the tracer; calls run untraced")
         return None
-    return tracer if tracer.enabled else None
+    return runtime if runtime is not None and runtime.enabled else None
 
 
 def _begin(options: TraceOptions) -> Optional[CallState]:
-    tracer = _get_tracer()
-    return tracer.begin(options) if tracer is not None else None
+    runtime = _runtime()
+    return CallState.begin(runtime, options) if runtime is not None else None
 
 
 def _text_of(chunk: Any) -> str:
@@ -119,7 +124,7 @@ def _traced_generator(inner: Any, begin: Callable[[], Optional[CallState]], args
                 if token is not None:
                     otel_context.detach(token)
             if state is not None:
-                state.succeed(args, kwargs, None, instance)  # closed early: score what was streamed
+                state.incomplete(args, kwargs, instance)  # closed before its end
             raise
         except BaseException as exc:  # thrown in by the consumer: forward it
             to_throw = exc
@@ -177,20 +182,49 @@ async def _traced_async_generator(inner: Any, begin: Callable[[], Optional[CallS
                 if token is not None:
                     otel_context.detach(token)
             if state is not None:
-                state.succeed(args, kwargs, None, instance)
+                state.incomplete(args, kwargs, instance)
             raise
         except BaseException as exc:
             to_throw = exc
 
 
 def _wrap_stream(result: Any, state: CallState, args: tuple, kwargs: dict, instance: Any) -> Any:
-    """Wrap a generator returned by a plain function; its span already started with the call,
-    so it is ended (status skipped) if the stream is collected without being consumed."""
+    """Wrap a generator returned by a plain function (``stream=True``); its span already started
+    with the call, so it is ended (status skipped) if the stream is collected unconsumed."""
     state.detach()
     traced = _traced_generator if isinstance(result, types.GeneratorType) else _traced_async_generator
     stream = traced(result, lambda: state, args, kwargs, instance)
     weakref.finalize(stream, state.abandon)
     return stream
+
+
+def _untouchable(result: Any, awaitables: bool) -> Optional[str]:
+    """Why a return value must be passed through unread, or None when it may be read."""
+    if awaitables and inspect.isawaitable(result):
+        return "awaitable_returned"
+    if isinstance(result, (collections.abc.Iterator, collections.abc.AsyncIterator)):
+        return "iterator_returned"
+    return None
+
+
+def _finish(state: CallState, result: Any, args: tuple, kwargs: dict, instance: Any, awaitables: bool) -> Any:
+    """After a normal return: hand the call to the tracer, and return ``result`` itself (or, for
+    ``stream=True`` and a returned generator, the delegating stream)."""
+    try:
+        if state.options.stream and isinstance(result, (types.GeneratorType, types.AsyncGeneratorType)):
+            try:
+                return _wrap_stream(result, state, args, kwargs, instance)
+            except Exception:
+                state.abandon()
+                return result
+        reason = _untouchable(result, awaitables)
+        if reason is not None:
+            state.skip(reason)
+        else:
+            state.succeed(args, kwargs, result, instance)
+    except Exception:  # pragma: no cover - CallState never raises; belt and braces
+        logger.exception("relevancy-tracer: finishing a call failed")
+    return result
 
 
 # --------------------------------------------------------------------------------- wrappers
@@ -202,7 +236,7 @@ def _make_wrapper(kind: str, options: TraceOptions) -> Callable[..., Any]:
 
         def generator_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             inner = wrapped(*args, **kwargs)  # the app's generator object; its body has not run
-            if _get_tracer() is None:
+            if _runtime() is None:
                 return inner
             return traced(inner, lambda: _begin(options), args, kwargs, instance)  # span starts at first next()
 
@@ -219,7 +253,7 @@ def _make_wrapper(kind: str, options: TraceOptions) -> Callable[..., Any]:
             except BaseException as exc:
                 state.fail(exc)
                 raise
-            return _finish(state, result, args, kwargs, instance)
+            return _finish(state, result, args, kwargs, instance, awaitables=False)
 
         return async_wrapper
 
@@ -232,34 +266,40 @@ def _make_wrapper(kind: str, options: TraceOptions) -> Callable[..., Any]:
         except BaseException as exc:
             state.fail(exc)
             raise
-        return _finish(state, result, args, kwargs, instance)
+        return _finish(state, result, args, kwargs, instance, awaitables=True)
 
     return sync_wrapper
 
 
-def _finish(state: CallState, result: Any, args: tuple, kwargs: dict, instance: Any) -> Any:
-    """After a normal return: wrap a returned stream, else hand the call to the tracer."""
-    if isinstance(result, (types.GeneratorType, types.AsyncGeneratorType)):
-        try:
-            return _wrap_stream(result, state, args, kwargs, instance)
-        except Exception:
-            state.abandon()
-            return result
-    state.succeed(args, kwargs, result, instance)
-    return result
-
-
-def _kind_of(target: Any) -> str:
-    if inspect.isasyncgenfunction(target):
-        return "async_generator"
-    if inspect.isgeneratorfunction(target):
-        return "generator"
-    if inspect.iscoroutinefunction(target):
-        return "coroutine"
+def kind_of(target: Any) -> str:
+    """``sync``, ``coroutine``, ``generator`` or ``async_generator``: the kind of ``target``
+    itself (a ``functools.wraps`` wrapper is the kind of the wrapper, not of what it wraps)."""
+    function = getattr(target, "__func__", target)  # bound methods
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        flags = code.co_flags
+        if flags & inspect.CO_ASYNC_GENERATOR:
+            return "async_generator"
+        if flags & inspect.CO_GENERATOR:
+            return "generator"
+        if flags & inspect.CO_COROUTINE:
+            return "coroutine"
+        return "sync"
+    # other callables (builtins, partials, objects with __call__): ask inspect, without unwrapping
+    call = getattr(type(target), "__call__", None) if not isinstance(target, (types.BuiltinFunctionType, types.MethodWrapperType)) else None
+    for candidate in (target, getattr(target, "func", None), call):
+        if candidate is None:
+            continue
+        if inspect.isasyncgenfunction(candidate):
+            return "async_generator"
+        if inspect.isgeneratorfunction(candidate):
+            return "generator"
+        if inspect.iscoroutinefunction(candidate):
+            return "coroutine"
     return "sync"
 
 
-def _decorate(fn: Any, question: Spec, answer: Spec, contexts: Spec, name: Optional[str], evaluation: dict) -> Any:
+def _decorate(fn: Any, question: Spec, answer: Spec, contexts: Spec, name: Optional[str], stream: bool, evaluation: dict) -> Any:
     unknown = set(evaluation) - set(EVALUATION_OVERRIDES)
     if unknown:
         raise TypeError(f"unknown trace option(s): {', '.join(sorted(unknown))}; evaluation settings allowed: {', '.join(EVALUATION_OVERRIDES)}")
@@ -269,9 +309,8 @@ def _decorate(fn: Any, question: Spec, answer: Spec, contexts: Spec, name: Optio
     if not callable(target):
         raise TypeError(f"@trace needs a callable, got {type(fn).__name__}")
     span_name = name or getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
-    options = TraceOptions(span_name, Extractor(target, question, answer, contexts), dict(evaluation), bound=inspect.ismethod(fn))
-    kind = _kind_of(inspect.unwrap(target) if not inspect.ismethod(target) else target)
-    return wrapt.FunctionWrapper(fn, _make_wrapper(kind, options))
+    options = TraceOptions(span_name, Extractor(target, question, answer, contexts), dict(evaluation), bound=inspect.ismethod(fn), stream=stream)
+    return wrapt.FunctionWrapper(fn, _make_wrapper(kind_of(target), options))
 
 
 def trace(
@@ -281,21 +320,25 @@ def trace(
     answer: Spec = None,
     contexts: Spec = None,
     name: Optional[str] = None,
+    stream: bool = False,
     **evaluation: Any,
 ) -> Any:
     """Trace a RAG answer function and score its answers' relevancy in the background.
 
     Use as ``@trace`` or ``@trace(question=..., answer=..., contexts=..., name=...)`` on sync and
-    async functions, methods, classmethods, staticmethods and (async) generators.
+    async functions, methods, classmethods, staticmethods and (async) generator functions.
 
     Args:
         question, answer, contexts: where to find them: a parameter name, a dotted path
             (``"request.query"``, ``"return.answer"``), or ``fn(call: CallInfo) -> value``.
             Defaults: see :mod:`relevancy_tracer.extraction`.
         name: span name (default: the function's qualified name).
+        stream: also wrap (async) generators *returned* by a plain function and score the joined
+            chunks (default False: a returned iterator is passed back untouched, not scored).
         **evaluation: per-function evaluation settings, e.g. ``method="decomposition"``,
             ``strictness=5`` (one of: method, strictness, noncommittal, generation, thresholds,
-            combined_weights, temperature, max_answer_chars, max_question_chars, json_retries).
+            combined_weights, temperature, max_answer_chars, max_question_chars, json_retries,
+            calibration).
 
     Returns:
         The wrapped callable: same signature, docstring, return values and exceptions.
@@ -304,8 +347,8 @@ def trace(
         TypeError, ValueError: at decoration time, for unknown options or bad values.
     """
     if fn is None:
-        return lambda f: _decorate(f, question, answer, contexts, name, evaluation)
-    return _decorate(fn, question, answer, contexts, name, evaluation)
+        return lambda f: _decorate(f, question, answer, contexts, name, stream, evaluation)
+    return _decorate(fn, question, answer, contexts, name, stream, evaluation)
 
 
 def instrument(fn: F, **options: Any) -> F:

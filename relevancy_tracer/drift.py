@@ -1,6 +1,8 @@
 """In-process relevancy drift detection, for users without Prometheus.
 
-A two-window test with hysteresis, per traced function (span name):
+A two-window test with hysteresis, per traced function (span name) and evaluator version (an
+evaluator change, e.g. another model or calibration, starts a new baseline instead of reading as
+app drift):
 
 * the **window** holds the last ``window`` scores (default 50);
 * the **baseline** holds up to ``baseline`` scores (default 500) that came before the window;
@@ -25,6 +27,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
+from . import _fork
+
 logger = logging.getLogger("relevancy_tracer.drift")
 
 
@@ -34,6 +38,7 @@ class DriftEvent:
 
     Attributes:
         span_name: the traced function. state: ``started`` or ``ended``.
+        evaluator_version: the evaluator whose scores drifted (None if unknown).
         baseline_mean, window_mean: mean scores of the baseline and of the recent window.
         baseline_size, window_size: scores in each. time: Unix time (s).
     """
@@ -45,6 +50,7 @@ class DriftEvent:
     baseline_size: int
     window_size: int
     time: float
+    evaluator_version: Optional[str] = None
 
 
 class DriftDetector:
@@ -106,26 +112,32 @@ class DriftMonitor:
     def __init__(self, service_name: str = "unknown_service", **detector_args: float):
         self.service_name = service_name
         self._args = detector_args
-        self._detectors: dict[str, DriftDetector] = {}
+        self._detectors: dict[tuple[str, Optional[str]], DriftDetector] = {}
         self._callbacks: list[Callable[[DriftEvent], None]] = []
         self._lock = threading.Lock()
+        _fork.renew_after_fork(self, DriftMonitor._renew_after_fork)
         _register_gauge(self)
+
+    def _renew_after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def add_callback(self, callback: Callable[[DriftEvent], None]) -> None:
         """Call ``callback(event)`` when a drift starts or ends (exceptions are logged)."""
         self._callbacks.append(callback)
 
-    def observe(self, span_name: str, score: float) -> Optional[DriftEvent]:
-        """Feed one score; returns the event when the drift state changed."""
+    def observe(self, span_name: str, score: float, evaluator_version: Optional[str] = None) -> Optional[DriftEvent]:
+        """Feed one score of ``evaluator_version``; returns the event when the drift state
+        changed. Scores of different evaluator versions are never compared."""
+        key = (span_name, evaluator_version)
         with self._lock:
-            detector = self._detectors.get(span_name)
+            detector = self._detectors.get(key)
             if detector is None:
-                detector = self._detectors[span_name] = DriftDetector(**self._args)  # type: ignore[arg-type]
+                detector = self._detectors[key] = DriftDetector(**self._args)  # type: ignore[arg-type]
             change = detector.update(score)
             if change is None:
                 return None
             base, win = detector.means()
-            event = DriftEvent(span_name, change, base, win, len(detector.baseline), len(detector.window), time.time())
+            event = DriftEvent(span_name, change, base, win, len(detector.baseline), len(detector.window), time.time(), evaluator_version)
         if change == "started":
             logger.warning("relevancy drift started on %s: window mean %.3f vs baseline %.3f", span_name, win, base)
         else:
@@ -138,9 +150,17 @@ class DriftMonitor:
         return event
 
     def active(self) -> dict[str, bool]:
-        """Drift state per span name."""
+        """Drift state per span name (any evaluator version drifting)."""
+        out: dict[str, bool] = {}
         with self._lock:
-            return {name: d.active for name, d in self._detectors.items()}
+            for (name, _), detector in self._detectors.items():
+                out[name] = out.get(name, False) or detector.active
+        return out
+
+    def states(self) -> dict[tuple[str, Optional[str]], bool]:
+        """Drift state per (span name, evaluator version)."""
+        with self._lock:
+            return {key: d.active for key, d in self._detectors.items()}
 
 
 _monitors: list = []
@@ -160,8 +180,11 @@ def _register_gauge(monitor: DriftMonitor) -> None:
         current = _monitors[0] if _monitors else None
         if current is None:
             return
-        for name, active in current.active().items():
-            yield metrics.Observation(1 if active else 0, {"span.name": name, "service.name": current.service_name})
+        for (name, version), active in current.states().items():
+            attrs = {"span.name": name, "service.name": current.service_name}
+            if version:
+                attrs["relevancy.evaluator.version"] = version
+            yield metrics.Observation(1 if active else 0, attrs)
 
     metrics.get_meter("relevancy_tracer").create_observable_gauge(
         "relevancy.drift.active", callbacks=[observe], unit="1", description="1 while relevancy drift is detected on a traced function"

@@ -10,8 +10,19 @@ Each of ``question``, ``answer``, ``contexts`` may be given as:
 Defaults: question = the parameter named question | query | user_input | prompt, else the first
 ``str`` argument; answer = a ``str`` return value, else the return value's
 answer | response | output | result key or attribute; contexts = a parameter or return field
-named contexts | documents | retrieved_contexts | docs (documents may be str, or objects or
-dicts with page_content | content | text).
+named contexts | documents | retrieved_contexts | docs.
+
+Extraction never changes what the app sees:
+
+* it never iterates anything but a ``list`` or ``tuple`` (a generator of documents returned to
+  the caller stays unconsumed), and contexts are only taken from lists or tuples of ``str``, of
+  dicts with a ``str`` page_content | content | text, or of objects holding such an attribute
+  as plain data;
+* it never runs the app's code: attributes are read with ``inspect.getattr_static``, so
+  properties, ``__getattr__`` and descriptors are not invoked (a LangChain ``Document`` or a
+  pydantic model keeps its fields as plain data and is read as usual);
+* contexts are capped (:func:`cap_contexts`): at most ``max_contexts`` of them and
+  ``max_context_chars`` characters in all.
 
 Parameter positions are computed once, at decoration time, so extraction on the hot path is a
 few dict and tuple lookups. Failures raise :class:`ExtractionError`, which the tracer records
@@ -21,6 +32,7 @@ on the span; they never reach the app.
 from __future__ import annotations
 
 import inspect
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -149,11 +161,25 @@ _NO_FIELDS = (str, bytes, int, float, list, tuple, type(None))
 
 
 def _lookup(obj: Any, key: str) -> Any:
+    """``obj[key]`` for dicts, else the attribute ``key`` when it is plain data (an instance
+    ``__dict__`` entry, a ``__slots__`` value or a class constant): no property, descriptor or
+    ``__getattr__`` of the app's runs."""
     if isinstance(obj, dict):
         return obj.get(key, _MISSING)
     if isinstance(obj, _NO_FIELDS):
         return _MISSING
-    return getattr(obj, key, _MISSING)
+    try:
+        value = inspect.getattr_static(obj, key)
+    except AttributeError:
+        return _MISSING
+    if isinstance(value, types.MemberDescriptorType):  # a __slots__ value: reading it runs no app code
+        try:
+            return value.__get__(obj, type(obj))
+        except AttributeError:
+            return _MISSING
+    if hasattr(type(value), "__get__"):  # a property, function or other descriptor: it would run code
+        return _MISSING
+    return value
 
 
 def _text(value: Any, what: str) -> str:
@@ -174,26 +200,43 @@ def default_answer(result: Any) -> str:
 
 
 def documents(value: Any) -> Optional[list[str]]:
-    """Context documents as texts: str items, or page_content/content/text of dicts or objects."""
+    """Context documents as texts, from a str, a dict, or a list or tuple of str items, dicts
+    or objects with a str page_content | content | text. Anything else (a generator, a custom
+    iterable) is left alone: None. Never iterates anything but lists and tuples."""
     if value is None:
         return None
-    items: Sequence[Any] = [value] if isinstance(value, (str, dict)) else value
+    if isinstance(value, (str, dict)):
+        items: Sequence[Any] = [value]
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return None
     texts = []
-    try:
-        for item in items:
-            if isinstance(item, str):
-                texts.append(item)
-                continue
-            for key in DOCUMENT_TEXT_KEYS:
-                text = _lookup(item, key)
-                if isinstance(text, str):
-                    texts.append(text)
-                    break
-            else:
-                texts.append(str(item))
-    except TypeError as exc:
-        raise ExtractionError(f"contexts: expected a list of documents, got {type(value).__name__}") from exc
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+            continue
+        for key in DOCUMENT_TEXT_KEYS:
+            text = _lookup(item, key)
+            if isinstance(text, str):
+                texts.append(text)
+                break
     return texts
+
+
+def cap_contexts(contexts: Optional[list[str]], max_count: int, max_chars: int) -> Optional[list[str]]:
+    """At most ``max_count`` contexts and ``max_chars`` characters in all (the last one kept
+    is cut): a call with a thousand retrieved documents costs bounded memory and attributes."""
+    if not contexts:
+        return contexts
+    kept: list[str] = []
+    budget = max_chars
+    for text in contexts[:max_count]:
+        if budget <= 0:
+            break
+        kept.append(text[:budget])
+        budget -= len(kept[-1])
+    return kept
 
 
 def chunk_text(chunk: Any) -> str:

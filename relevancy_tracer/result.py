@@ -11,7 +11,8 @@ class Status:
     """Status names of one evaluation (``RelevancyResult.status``, span ``relevancy.status``).
 
     Engine statuses: ``scored`` and the named failures below. The tracer adds ``not_sampled``,
-    ``dropped``, ``timeout``, ``shutdown`` and ``skipped`` (the app raised, nothing to score);
+    ``dropped``, ``timeout``, ``shutdown``, ``skipped`` (the app raised or returned nothing the
+    tracer may read), ``incomplete`` (a stream closed early) and ``cancelled``;
     on spans every engine failure appears as ``error`` with its name in ``relevancy.error.type``.
     """
 
@@ -31,6 +32,8 @@ class Status:
     ERROR = "error"
     SHUTDOWN = "shutdown"
     SKIPPED = "skipped"
+    INCOMPLETE = "incomplete"  # a stream closed before its end (not scored by default)
+    CANCELLED = "cancelled"  # the call was cancelled (CancelledError, GeneratorExit): not an error
 
     ENGINE_FAILURES = (
         INVALID_INPUT,
@@ -176,6 +179,23 @@ class RelevancyResult:
             for key in ("question", "answer", "contexts"):
                 data.pop(key, None)
         return data
+
+    def without_content(self) -> "RelevancyResult":
+        """A copy with every text taken from, or generated about, the user's question and answer
+        removed (inputs, generated questions, sub-questions, intent, error message): what hooks
+        receive when content capture is off."""
+        import dataclasses
+
+        return dataclasses.replace(
+            self,
+            question=None,
+            answer=None,
+            contexts=None,
+            generated_questions=[],
+            sub_questions=[],
+            intent=None,
+            error=None,
+        )
 
     @classmethod
     def failure(cls, status: str, error: str, *, method: str, strictness: int = 0, **extra: Any) -> "RelevancyResult":

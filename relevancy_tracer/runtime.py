@@ -1,20 +1,147 @@
-"""Process-wide state: the resolved settings and the default engine.
+"""The process runtime: one object owning the tracer's state, in the style of sentry-python's
+``Client``.
 
-Resolved once, on first use, from the environment; :func:`configure` replaces them. The tracer
-(decorator, worker, OpenTelemetry setup) hangs off the same state, see ``tracer.py``.
+A :class:`Runtime` owns, for one configuration: the settings, the scoring engine (its model
+clients and caches), the worker (its queue and dispatcher, which run on the process's one loop
+engine, :func:`relevancy_tracer._loop.process_loop`), the samplers (the rate limiter's token
+bucket), the metrics, the drift monitor, and the OpenTelemetry providers this library installed.
+``lifecycle.py`` holds the current runtime and replaces it on ``configure()``.
+
+Fork: the runtime registers itself with the package's one ``os.register_at_fork`` hook
+(``_fork.py``); in a child its worker is emptied and its samplers rebuilt, while the loop, the
+model clients, the local models' locks and the caches' locks are renewed by their own modules'
+registrations. A child's first traced call starts the child's own loop thread.
+
+Also here, for ``score()``/``evaluate()`` without tracing: the settings resolved from the
+environment and the default engine built from them.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import Any, Optional
 
+from opentelemetry import trace
+
+from . import _fork
+from ._loop import process_loop
 from .config import Settings
+from .otel.metrics import shared_metrics
+from .otel.setup import OwnedProviders, bounded, service_name
+from .sampling import build_sampler
 from .scoring.engine import Engine
+from .worker import GRACE, Worker
+
+logger = logging.getLogger("relevancy_tracer")
+
+
+class Runtime:
+    """Settings, engine, worker, samplers, metrics and providers of the process's tracer.
+
+    Args:
+        settings: resolved settings. engine: scoring engine (default: one for ``settings``).
+        owned: providers this library installed; flushed and shut down with the runtime.
+
+    Attributes:
+        active: False once :meth:`shutdown` ran (the decorator then calls functions untraced).
+    """
+
+    def __init__(self, settings: Settings, engine: Optional[Engine] = None, owned: Optional[OwnedProviders] = None):
+        from . import __version__
+
+        self.settings = settings
+        self.engine = engine or Engine(settings)
+        self.loop = process_loop()
+        self.worker = Worker(queue_size=settings.queue_size, concurrency=settings.concurrency, loop=self.loop)
+        self.sampler = build_sampler(settings.sample_ratio, settings.rate_limit, settings.sampler)
+        self.otel_tracer = trace.get_tracer("relevancy_tracer", __version__)
+        self.owned = owned or OwnedProviders()
+        self.service_name = service_name()
+        self.metrics = shared_metrics(self.service_name, self._depth)
+        self.drift = None
+        if settings.drift_detection:
+            try:
+                from .drift import DriftMonitor
+
+                self.drift = DriftMonitor(service_name=self.service_name)
+            except Exception:  # the monitor is optional; the tracer works without it
+                logger.exception("relevancy-tracer: drift detector disabled")
+        self.active = True
+        _fork.renew_after_fork(self, Runtime._renew_after_fork)
+
+    def _renew_after_fork(self) -> None:
+        self.worker.reset_after_fork()
+        self.sampler = build_sampler(self.settings.sample_ratio, self.settings.rate_limit, self.settings.sampler)
+
+    def _depth(self) -> int:
+        return self.worker.depth
+
+    @property
+    def enabled(self) -> bool:
+        """True when calls are traced: the master switch is on and the runtime not shut down."""
+        return self.active and self.settings.enabled
+
+    def redact(self, question: Optional[str], answer: Optional[str], contexts: Optional[list[str]]) -> tuple:
+        """The texts through the ``redact`` hook (raises what the hook raises)."""
+        redact = self.settings.redact
+        if redact is None:
+            return question, answer, contexts
+        return (
+            redact(question, "question") if question is not None else None,
+            redact(answer, "answer") if answer is not None else None,
+            [redact(c, "context") for c in contexts] if contexts is not None else None,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait for pending evaluations, then force-flush the providers; True when all of it
+        finished. Returns within ``timeout`` plus a fraction of a second."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        ok = self.worker.flush(timeout)
+        providers = [trace.get_tracer_provider(), _meter_provider()]
+        for provider in providers:
+            force_flush = getattr(provider, "force_flush", None)
+            if not callable(force_flush):
+                continue
+            remaining = max(0.0, deadline - time.monotonic())
+            outcome: list[Any] = []
+            finished = bounded(lambda: outcome.append(force_flush(int(remaining * 1000))), remaining + GRACE / 2)
+            ok = ok and finished and outcome[:1] != [False]
+        return ok
+
+    def shutdown(self, timeout: float = 30.0) -> bool:
+        """Finish or cancel pending evaluations (ending every held span), then shut down the
+        providers this library installed. Final: the runtime traces nothing afterwards. Returns
+        within ``timeout`` plus about a second, whatever the model and OTLP endpoints do."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        self.active = False
+        ok = self.worker.shutdown(timeout)
+        if self.owned.tracer_provider is not None or self.owned.meter_provider is not None:
+            ok = self.owned.shutdown(max(0.0, deadline - time.monotonic())) and ok
+        return ok
+
+
+def _meter_provider() -> Any:
+    from opentelemetry import metrics
+
+    return metrics.get_meter_provider()
+
+
+# ---------------------------------------------------------------------------------- settings
+
 
 _lock = threading.RLock()
 _settings: Optional[Settings] = None
 _engine: Optional[Engine] = None
+
+
+@_fork.after_fork
+def _renew_lock() -> None:
+    global _lock
+    _lock = threading.RLock()
 
 
 def get_settings() -> Settings:

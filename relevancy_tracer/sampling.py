@@ -21,30 +21,86 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence
+
+from . import _fork
 
 _TRACE_ID_LIMIT = (1 << 64) - 1
 
 
-@dataclass(frozen=True)
+_UNSET: Any = object()
+
+
 class SamplingContext:
     """What a sampler may look at.
+
+    Samplers run before extraction and redaction (an unsampled call costs only its span), so the
+    texts are extracted only when a sampler reads them: ``question``, ``answer`` and
+    ``contexts`` are computed on first access (None when extraction fails) and never recorded.
 
     Attributes:
         trace_id: the call's 128-bit trace id (0 when there is no valid span context).
         span_name: name of the call's span.
-        question, answer: the extracted texts (None when extraction failed).
-        contexts: extracted contexts or None.
+        question, answer: the extracted texts (None when extraction failed), lazily.
+        contexts: extracted contexts or None, lazily.
         arguments: the call's arguments by parameter name.
     """
 
-    trace_id: int
-    span_name: str
-    question: Optional[str] = None
-    answer: Optional[str] = None
-    contexts: Optional[Sequence[str]] = None
-    arguments: Optional[dict] = None
+    __slots__ = ("trace_id", "span_name", "arguments", "_question", "_answer", "_contexts", "_extract")
+
+    def __init__(
+        self,
+        trace_id: int,
+        span_name: str,
+        question: Optional[str] = _UNSET,
+        answer: Optional[str] = _UNSET,
+        contexts: Optional[Sequence[str]] = _UNSET,
+        arguments: Optional[dict] = None,
+        extract: Optional[Callable[[], tuple]] = None,
+    ):
+        self.trace_id = trace_id
+        self.span_name = span_name
+        self.arguments = arguments
+        self._extract = extract
+        self._question = None if question is _UNSET and extract is None else question
+        self._answer = None if answer is _UNSET and extract is None else answer
+        self._contexts = None if contexts is _UNSET and extract is None else contexts
+
+    def _texts(self) -> None:
+        extract, self._extract = self._extract, None
+        question = answer = contexts = None
+        if extract is not None:
+            try:
+                question, answer, contexts = extract()
+            except Exception:
+                pass
+        if self._question is _UNSET:
+            self._question = question
+        if self._answer is _UNSET:
+            self._answer = answer
+        if self._contexts is _UNSET:
+            self._contexts = contexts
+
+    @property
+    def question(self) -> Optional[str]:
+        if self._question is _UNSET:
+            self._texts()
+        return self._question
+
+    @property
+    def answer(self) -> Optional[str]:
+        if self._answer is _UNSET:
+            self._texts()
+        return self._answer
+
+    @property
+    def contexts(self) -> Optional[Sequence[str]]:
+        if self._contexts is _UNSET:
+            self._texts()
+        return self._contexts
+
+    def __repr__(self) -> str:
+        return f"SamplingContext(trace_id={self.trace_id:032x}, span_name={self.span_name!r})"
 
 
 class Sampler(Protocol):
@@ -130,6 +186,7 @@ class RateLimitSampler:
         self._tokens = self.burst
         self._last = clock()
         self._lock = threading.Lock()
+        _fork.renew_after_fork(self, _renew_lock)
 
     def should_sample(self, context: SamplingContext) -> bool:
         with self._lock:
@@ -143,6 +200,10 @@ class RateLimitSampler:
 
     def get_description(self) -> str:
         return f"RateLimitSampler{{{self.per_minute}/min, burst {self.burst:g}}}"
+
+
+def _renew_lock(obj: Any) -> None:
+    obj._lock = threading.Lock()
 
 
 class CallableSampler:

@@ -306,6 +306,7 @@ class FakeOpenAIServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
+        self._received = threading.Condition(self._lock)
         self._stopped = threading.Event()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.owner = self
@@ -334,9 +335,16 @@ class FakeOpenAIServer:
 
     # -- inspection
     def _record(self, kind: str, body: dict, headers: dict) -> None:
-        with self._lock:
+        with self._received:
             self.requests.append((kind, body))
             self.headers.append(headers)
+            self._received.notify_all()
+
+    def wait_for_requests(self, kind: str, count: int, timeout: float = 10.0) -> bool:
+        """Block until ``count`` requests to ``chat`` or ``embeddings`` were received; False on
+        timeout."""
+        with self._received:
+            return self._received.wait_for(lambda: sum(1 for k, _ in self.requests if k == kind) >= count, timeout)
 
     def _enter(self) -> None:
         with self._lock:

@@ -1,40 +1,45 @@
-"""The background worker: a bounded queue and one daemon thread owning an asyncio loop.
+"""The background worker: a bounded queue whose jobs run on the runtime's event loop.
 
-Modelled on the OpenTelemetry SDK's BatchProcessor (bounded deque, daemon thread, fork
-handling) and sentry-python's transport worker (submit / flush / kill, losses counted by
-reason):
+Modelled on the OpenTelemetry SDK's BatchProcessor (bounded queue, daemon thread, fork handling)
+and sentry-python's transport worker (submit / flush / kill, losses counted by reason):
 
-* :meth:`Worker.submit` never blocks: it appends to a bounded deque under a short lock, wakes
-  the loop only when it is idle, and returns a bool. A refused job is finished at once by the
-  worker with status ``dropped`` (reason ``queue_full`` or ``shutdown``).
-* The loop runs at most ``concurrency`` jobs at once, each under a deadline
-  (``min(job.timeout, job.deadline - now)``); queued jobs whose deadline passes are finished
-  with status ``timeout`` when it passes (a reaper watches the head of the queue).
-* :meth:`flush` waits, up to a timeout, until every submitted job has finished;
+* :meth:`Worker.submit` never blocks: it appends to a bounded deque under a short lock, wakes the
+  dispatcher only when it is idle, and returns a bool. A refused job is finished at once with
+  status ``dropped`` (reason ``queue_full``, ``shutdown`` or ``thread_start_failed``).
+* The dispatcher is a task on a :class:`~relevancy_tracer._loop.BackgroundLoop` (the runtime's
+  one loop engine; a private one when the worker is used alone). It runs at most ``concurrency``
+  jobs at once, each under a deadline (``min(job.timeout, job.deadline - now)``); queued jobs
+  whose deadline passes are finished with status ``timeout`` when it passes.
+* If the loop's thread cannot be started (a container's process limit), the job is dropped with
+  reason ``thread_start_failed`` (its span is ended, the drop counted); the next submit tries
+  again.
+* :meth:`flush` waits, up to its timeout, until every submitted job has finished;
   :meth:`shutdown` stops intake, flushes, then cancels what is still running and finishes what
-  is still queued with status ``shutdown``, and stops the thread.
-* After ``os.fork`` the child gets an empty worker (the parent's jobs stay the parent's); its
-  thread starts on the child's first submit.
+  is still queued with status ``shutdown``. Both return within their timeout plus a fraction of
+  a second, whatever the jobs' endpoints do.
+* :meth:`reset_after_fork` gives a forked child an empty worker (the parent's jobs stay the
+  parent's).
 
 Jobs implement :class:`Job`: the worker calls ``await job.run()`` and, for every outcome it
-decides itself, ``job.finish(status, error)``; ``finish`` must be idempotent and cheap.
+decides itself, ``job.finish(status, error, reason)``; ``finish`` must be idempotent and cheap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
-import weakref
 from collections import deque
 from typing import Optional, Protocol
 
-from ._loop import run_loop_closers
+from ._loop import BackgroundLoop, LoopStartError
 from .result import Status
 
 logger = logging.getLogger("relevancy_tracer")
+
+#: Seconds allowed beyond a caller's timeout for cancelling and finishing what is left.
+GRACE = 0.5
 
 
 class Job(Protocol):
@@ -58,37 +63,32 @@ class Worker:
     Args:
         queue_size: most jobs queued (not counting running ones); more are dropped.
         concurrency: most jobs running at once.
-        name: name of the daemon thread.
+        name: name of the loop thread when the worker owns its loop.
+        loop: the loop engine to run on (default: a private one, stopped by :meth:`shutdown`).
     """
 
-    def __init__(self, *, queue_size: int = 1000, concurrency: int = 2, name: str = "relevancy-tracer-worker"):
+    def __init__(self, *, queue_size: int = 1000, concurrency: int = 2, name: str = "relevancy-tracer-worker", loop: Optional[BackgroundLoop] = None):
         self.queue_size = queue_size
         self.concurrency = concurrency
         self.name = name
-        self._reset()
-        if hasattr(os, "register_at_fork"):
-            weak_reset = weakref.WeakMethod(self._reset)
+        self._own_loop = loop is None
+        self._engine = loop or BackgroundLoop(name)
+        self.reset_after_fork()
 
-            def after_in_child() -> None:
-                reset = weak_reset()
-                if reset is not None:
-                    reset()
-
-            os.register_at_fork(after_in_child=after_in_child)
-
-    def _reset(self) -> None:
+    def reset_after_fork(self) -> None:
         """Fresh state (at construction, and in a forked child)."""
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._queue: deque = deque()
         self._pending = 0  # queued + running
         self._closed = False
+        self._dispatching = False  # a dispatcher task exists on the loop
         self._waiting = False  # the dispatcher sleeps until woken
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
         self._wake: Optional[asyncio.Event] = None
         self._running: set = set()
-        self._pid = os.getpid()
+        self._dispatcher: Optional[asyncio.Future] = None
+        if self._own_loop:
+            self._engine.reset_after_fork()
 
     # ------------------------------------------------------------------ caller side
 
@@ -103,11 +103,9 @@ class Worker:
 
     def submit(self, job: Job) -> bool:
         """Queue ``job`` without blocking. False when refused (the job is then finished as dropped)."""
-        if self._pid != os.getpid():  # forked without the at-fork hook (e.g. os.fork in a C extension)
-            self._reset()
         with self._lock:
             if self._closed:
-                reason = "shutdown"
+                reason: Optional[str] = "shutdown"
             elif len(self._queue) >= self.queue_size:
                 reason = "queue_full"
             else:
@@ -116,46 +114,36 @@ class Worker:
                 self._pending += 1
                 wake = self._waiting
                 self._waiting = False
-                loop = self._loop
+                start = not self._dispatching or not self._engine.running
+                if start:
+                    self._dispatching = True
         if reason is not None:
-            job.finish(Status.DROPPED, f"evaluation dropped: {reason}", reason=reason)
+            self._safe_finish(job, Status.DROPPED, f"evaluation dropped: {reason}", reason)
             return False
-        if loop is None:
-            self._start()
-        elif wake:
-            loop.call_soon_threadsafe(self._wake_set)
+        if start:
+            return self._start_dispatcher()
+        if wake:
+            self._engine.call_soon(self._wake_set)
         return True
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._loop is not None or self._closed:
-                return
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-        started = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(started.set)
-            try:
-                loop.run_until_complete(self._dispatch())
-            except Exception:  # pragma: no cover - a bug in the dispatcher
-                logger.exception("relevancy-tracer: worker loop failed")
-            finally:
-                try:
-                    loop.run_until_complete(loop.shutdown_asyncgens())
-                    loop.run_until_complete(loop.shutdown_default_executor())
-                finally:
-                    loop.close()
-
-        thread = threading.Thread(target=run, name=self.name, daemon=True)
-        self._thread = thread
-        thread.start()
-        started.wait(5)
+    def _start_dispatcher(self) -> bool:
+        try:
+            self._dispatcher = self._engine.submit(self._dispatch)  # type: ignore[assignment]
+            return True
+        except LoopStartError as exc:
+            logger.warning("relevancy-tracer: %s; queued evaluations are dropped (reason thread_start_failed)", exc)
+            with self._lock:
+                self._dispatching = False
+                dropped = list(self._queue)
+                self._queue.clear()
+            for job in dropped:
+                self._safe_finish(job, Status.DROPPED, "evaluation dropped: the worker thread could not start", "thread_start_failed")
+                self._done()
+            return False
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every submitted job has finished; False when ``timeout`` (s) passed first."""
-        if self._thread is not None and threading.current_thread() is self._thread:
+        if self._engine.in_loop_thread():
             return False  # would deadlock
         deadline = time.monotonic() + max(0.0, timeout)
         with self._idle:
@@ -170,7 +158,8 @@ class Worker:
         """Stop intake, flush for up to ``timeout`` s, then cancel and finish what is left.
 
         Every job ends exactly once: running ones are cancelled and queued ones finished with
-        status ``shutdown``. Returns True when everything finished before the deadline.
+        status ``shutdown``. Returns within ``timeout`` + :data:`GRACE` seconds; True when every
+        job finished before the deadline.
         """
         with self._lock:
             if self._closed:
@@ -178,7 +167,6 @@ class Worker:
             self._closed = True
         deadline = time.monotonic() + max(0.0, timeout)
         clean = self.flush(timeout)
-        loop, thread = self._loop, self._thread
         if not clean:
             with self._lock:
                 leftovers = list(self._queue)
@@ -186,18 +174,23 @@ class Worker:
             for job in leftovers:
                 self._safe_finish(job, Status.SHUTDOWN, "shut down before the evaluation started")
                 self._done()
-            if loop is not None and not loop.is_closed():
-                try:
-                    asyncio.run_coroutine_threadsafe(self._cancel_running(), loop).result(max(1.0, deadline - time.monotonic() + 1.0))
-                except Exception:
-                    pass
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake_set)  # the dispatcher sees _closed and returns
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(max(1.0, deadline - time.monotonic()))
+            try:
+                future = self._engine.submit(self._cancel_running)
+                future.result(max(0.05, min(GRACE / 2, deadline + GRACE / 2 - time.monotonic())))
+            except Exception:
+                pass
+            # jobs still not finished (their cancellation is stuck): finish them from here
+            for task, job in list(self._running_jobs()):
+                self._safe_finish(job, Status.SHUTDOWN, "cancelled at shutdown")
+        self._engine.call_soon(self._wake_set)  # the dispatcher sees _closed and returns
+        if self._own_loop:
+            self._engine.stop(max(0.05, deadline + GRACE - time.monotonic()))
         return clean
 
     # ------------------------------------------------------------------ loop side
+
+    def _running_jobs(self) -> list:
+        return [(task, getattr(task, "_relevancy_job", None)) for task in list(self._running) if getattr(task, "_relevancy_job", None) is not None]
 
     def _wake_set(self) -> None:
         if self._wake is not None:
@@ -211,9 +204,9 @@ class Worker:
                 self._idle.notify_all()
 
     @staticmethod
-    def _safe_finish(job: Job, status: str, error: Optional[str] = None) -> None:
+    def _safe_finish(job: Job, status: str, error: Optional[str] = None, reason: Optional[str] = None) -> None:
         try:
-            job.finish(status, error)
+            job.finish(status, error, reason)
         except Exception:  # pragma: no cover - finish must not raise; never let it kill the loop
             logger.exception("relevancy-tracer: finishing a job failed")
 
@@ -260,15 +253,19 @@ class Worker:
                 await slots.acquire()
                 job = await self._next_job()
                 if job is None:
+                    slots.release()
                     return
                 task = asyncio.ensure_future(self._run(job, slots))
+                task._relevancy_job = job  # type: ignore[attr-defined]
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
         finally:
             reaper.cancel()
+            with self._lock:
+                self._dispatching = False
+                self._waiting = False
             if self._running:
                 await asyncio.gather(*list(self._running), return_exceptions=True)
-            await run_loop_closers()  # e.g. HTTP sessions bound to this loop
 
     async def _run(self, job: Job, slots: asyncio.Semaphore) -> None:
         try:
@@ -283,7 +280,7 @@ class Worker:
             self._safe_finish(job, Status.SHUTDOWN, "cancelled at shutdown")
         except Exception as exc:
             logger.exception("relevancy-tracer: evaluation job failed")
-            self._safe_finish(job, Status.ERROR, f"internal error: {type(exc).__name__}: {exc}")
+            self._safe_finish(job, Status.ERROR, f"internal error: {type(exc).__name__}")
         finally:
             slots.release()
             self._done()
@@ -293,4 +290,4 @@ class Worker:
         for task in tasks:
             task.cancel()
         if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.wait(tasks, timeout=GRACE / 2)

@@ -96,22 +96,23 @@ def test_local_embedders_give_normalised_vectors_and_rank_paraphrases():
 
 
 def _fake_parts(tmp_path: Path, payloads: list[bytes]) -> tuple[str, ...]:
+    """Installed chunk distributions (dist-info with a RECORD) whose package code raises when
+    imported: assembly must find the chunks through metadata alone."""
+    site = tmp_path / "site"
     names = []
     for i, payload in enumerate(payloads):
-        package = tmp_path / f"fake_model_part{i}_{os.getpid()}"
+        module = f"fake_model_part{i}_{os.getpid()}"
+        package = site / module
         (package / "data").mkdir(parents=True)
-        (package / "data" / "part.bin").write_bytes(payload)
-        (package / "__init__.py").write_text(
-            textwrap.dedent(
-                """
-                import os
-                def get_part_path():
-                    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "part.bin")
-                """
-            )
-        )
-        names.append(package.name)
-    sys.path.insert(0, str(tmp_path))
+        (package / "data" / f"part{i:02d}.bin").write_bytes(payload)
+        (package / "__init__.py").write_text("raise RuntimeError('chunk packages must not be imported')\n")
+        dist = f"fake-model-part{i}-{os.getpid()}"
+        info = site / f"{dist.replace('-', '_')}-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n")
+        (info / "RECORD").write_text(f"{module}/__init__.py,,\n{module}/data/part{i:02d}.bin,,{len(payload)}\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+        names.append(dist)
+    sys.path.insert(0, str(site))
     return tuple(names)
 
 

@@ -192,8 +192,16 @@ def test_generator_closed_early_is_scored_on_what_was_streamed(tracing, otel):
 
     gen = stream(QUESTION)
     assert next(gen) == "France is in western Europe."
-    gen.close()
+    gen.close()  # the client went away: the answer is incomplete, and not scored by default
     assert closed == [True] and relevancy_tracer.flush(10)
+    a = attrs_of(only_span(otel, "test_generator_closed_early_is_scored_on_what_was_streamed.<locals>.stream"))
+    assert a[A.STATUS] == "incomplete" and a[A.STATUS_REASON] == "stream_closed_early" and A.SCORE not in a
+    otel.exporter.clear()
+    tracing(score_incomplete_streams=True)
+    gen = stream(QUESTION)
+    next(gen)
+    gen.close()
+    assert relevancy_tracer.flush(10)
     a = attrs_of(only_span(otel, "test_generator_closed_early_is_scored_on_what_was_streamed.<locals>.stream"))
     assert a[A.OUTPUT_VALUE] == "France is in western Europe." and a[A.STATUS] == "scored"
 
@@ -247,7 +255,7 @@ def test_function_returning_a_stream_of_openai_style_chunks(tracing, otel):
         def __init__(self, content):
             self.choices = [Choice(content)]
 
-    @relevancy_tracer.trace
+    @relevancy_tracer.trace(stream=True)  # opt in: the returned generator is wrapped
     def answer(question):
         return (Chunk(piece) for piece in ("France is in western Europe ", "and Paris is its capital."))
 
@@ -260,7 +268,7 @@ def test_function_returning_a_stream_of_openai_style_chunks(tracing, otel):
 def test_unconsumed_returned_stream_still_ends_its_span(tracing, otel):
     import gc
 
-    @relevancy_tracer.trace
+    @relevancy_tracer.trace(stream=True)
     def answer(question):
         return (piece for piece in ("a", "b"))
 
@@ -372,7 +380,9 @@ def test_unsampled_call_costs_only_its_span(tracing, otel, server):
 
     assert answer(QUESTION) == ANSWER
     a = attrs_of(only_span(otel, "unsampled"))  # ended at once, before any flush
-    assert a[A.STATUS] == "not_sampled" and a[A.INPUT_VALUE] == QUESTION and A.SCORE not in a
+    # nothing is extracted, redacted or recorded for an unsampled call
+    assert a[A.STATUS] == "not_sampled" and A.INPUT_VALUE not in a and A.SCORE not in a
+    assert set(a) == {A.OPENINFERENCE_SPAN_KIND, A.STATUS}
     assert server.requests == []
 
 
@@ -499,7 +509,7 @@ def test_caller_never_waits_for_the_model(tracing, otel, server):
         return ANSWER
 
     answer(QUESTION)
-    tracer = relevancy_tracer.tracer.current()
+    tracer = relevancy_tracer.lifecycle.current()
     assert tracer.worker.depth == 1  # returned while its evaluation is still pending
     relevancy_tracer.shutdown(0.5)
 
@@ -650,7 +660,7 @@ def test_settings_from_environment(monkeypatch, tracing, otel, server):
 
     answer(QUESTION)
     assert attrs_of(only_span(otel, "env"))[A.STATUS] == "not_sampled"
-    assert relevancy_tracer.tracer.current().settings.strictness == 3
+    assert relevancy_tracer.lifecycle.current().settings.strictness == 3
 
 
 def test_call_info_is_available_to_callables(tracing, otel):
@@ -720,6 +730,7 @@ def test_on_result_hook_receives_every_outcome(tracing, otel, server):
         return ANSWER
 
     answer(QUESTION)  # hangs in the worker
+    assert server.wait_for_requests("chat", 1)
     answer(QUESTION)  # queued
     answer(QUESTION)  # dropped: queue full
     relevancy_tracer.shutdown(0.5)

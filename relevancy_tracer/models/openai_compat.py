@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .. import _fork
 from .._loop import is_owned_loop, register_loop_closer
 from .base import ChatReply, EmbeddingReply, ModelError
 
@@ -35,6 +36,11 @@ _pools: "weakref.WeakSet[_ClientPool]" = weakref.WeakSet()
 
 #: Close tasks of the clients of collected pools, kept referenced until they finish.
 _closing: "set[asyncio.Task]" = set()
+
+
+@_fork.after_fork
+def _forget_closing() -> None:
+    _closing.clear()  # tasks of the parent's loops
 
 
 async def _close_quietly(client: Any) -> None:
@@ -96,8 +102,14 @@ class _ClientPool:
         self._clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         _pools.add(self)
+        _fork.renew_after_fork(self, _ClientPool._renew_after_fork)
         finalizer = weakref.finalize(self, _close_clients_later, self._clients)
         finalizer.atexit = False  # at exit the loops' closers close the live pools' clients
+
+    def _renew_after_fork(self) -> None:
+        """In a forked child: the parent's clients belong to the parent's loops; forget them."""
+        self._lock = threading.Lock()
+        self._clients = weakref.WeakKeyDictionary()
 
     def get(self) -> Any:
         import openai

@@ -49,7 +49,12 @@ INPUT_TOKENS = "relevancy.usage.input_tokens"
 OUTPUT_TOKENS = "relevancy.usage.output_tokens"
 TRUNCATED = "relevancy.truncated"
 EXTRACTION_ERROR = "relevancy.extraction.error"
-DROP_REASON = "relevancy.drop_reason"
+#: Why a call was not scored: queue_full / shutdown / thread_start_failed (dropped),
+#: trace_not_recorded (not_sampled), exception / awaitable_returned / iterator_returned /
+#: abandoned_stream (skipped), stream_closed_early (incomplete), CancelledError / GeneratorExit
+#: (cancelled).
+STATUS_REASON = "relevancy.status.reason"
+DROP_REASON = STATUS_REASON  # earlier name of the same attribute
 
 # --- metric instruments and their attributes
 METRIC_SCORE = "relevancy.score"

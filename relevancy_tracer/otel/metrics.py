@@ -6,7 +6,7 @@ Instruments (meter ``relevancy_tracer``):
   0, 0.1, ..., 1.0 (an advisory honoured by the SDK, and a View when this library installs the
   MeterProvider), so alert rules can compute means and low-score shares.
 * ``relevancy.evaluations`` (counter, ``{evaluation}``): calls by ``relevancy.status``, with
-  ``relevancy.label`` for scored ones, ``relevancy.drop_reason`` for drops and
+  ``relevancy.label`` for scored ones, ``relevancy.status.reason`` for drops and skips, and
   ``relevancy.error.type`` for errors. Counted in process memory on the hot path and reported
   by an observable counter, so counting a call costs a dict update, not an SDK aggregation.
 * ``relevancy.evaluation.duration`` (histogram, ``s``): wall-clock time of each evaluation.
@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from opentelemetry import metrics
 
+from .. import _fork
 from . import attributes as A
 
 
@@ -41,6 +42,7 @@ class RelevancyMetrics:
         self._queue_depth = queue_depth
         self._counts: dict[tuple, int] = {}
         self._lock = threading.Lock()
+        _fork.renew_after_fork(self, RelevancyMetrics._renew_after_fork)
         self.score = meter.create_histogram(
             A.METRIC_SCORE,
             unit="1",
@@ -65,6 +67,9 @@ class RelevancyMetrics:
             unit="{evaluation}",
             description="Evaluations queued or running in the background worker",
         )
+
+    def _renew_after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def count(self, span_name: str, status: str, label: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None) -> None:
         """Count one call with its final relevancy status (cheap: no SDK call)."""
@@ -97,7 +102,7 @@ class RelevancyMetrics:
             if label:
                 attrs[A.LABEL] = label
             if reason:
-                attrs[A.DROP_REASON] = reason
+                attrs[A.STATUS_REASON] = reason
             if error_type:
                 attrs[A.ERROR_TYPE] = error_type
             yield metrics.Observation(value, attrs)
@@ -112,6 +117,12 @@ class RelevancyMetrics:
 
 _shared: Optional[RelevancyMetrics] = None
 _shared_lock = threading.Lock()
+
+
+@_fork.after_fork
+def _renew_shared_lock() -> None:
+    global _shared_lock
+    _shared_lock = threading.Lock()
 
 
 def shared_metrics(service_name: str, queue_depth: Callable[[], int]) -> RelevancyMetrics:

@@ -1,4 +1,4 @@
-"""Installing OpenTelemetry SDK providers when the app has none.
+"""Installing OpenTelemetry SDK providers when the app has none; shutting them down in bounded time.
 
 An app that already set a TracerProvider / MeterProvider keeps it: the tracer uses the global
 ones. Otherwise :func:`install_providers` creates SDK providers configured by the standard
@@ -13,20 +13,29 @@ environment variables:
 * ``OTEL_EXPORTER_OTLP_ENDPOINT``, headers, timeouts, ...: read by the exporters themselves;
 * ``OTEL_METRIC_EXPORT_INTERVAL``: read by the periodic reader;
 * ``OTEL_EXPORTER_PROMETHEUS_HOST`` / ``_PORT`` (default localhost:9464) for ``prometheus``.
+
+Start-up never fails because of the environment: an unknown exporter name, a missing extra
+(``prometheus`` without ``relevancy-tracer[prometheus]``, ``grpc`` without its exporter), or a
+Prometheus port already taken (another worker process of the same app) is logged once as a
+warning naming the variable, and that exporter is left out; the app starts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
-from typing import Any, Optional
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 from opentelemetry import metrics, trace
 
 from .metrics import score_views
 
 logger = logging.getLogger("relevancy_tracer")
+
+TRACE_EXPORTERS = ("otlp", "console", "none")
+METRIC_EXPORTERS = ("otlp", "prometheus", "console", "none")
 
 
 def sdk_disabled() -> bool:
@@ -39,8 +48,16 @@ def _protocol(signal: str) -> str:
     return value.strip().lower()
 
 
-def _exporter_names(variable: str) -> list[str]:
-    return [name.strip().lower() for name in os.environ.get(variable, "otlp").split(",") if name.strip()]
+def _exporter_names(variable: str, known: tuple[str, ...], problems: list[str]) -> list[str]:
+    names = []
+    for name in (n.strip().lower() for n in os.environ.get(variable, "otlp").split(",")):
+        if not name:
+            continue
+        if name not in known:
+            problems.append(f"{variable}={name!r} is not one of {', '.join(known)}; ignored")
+            continue
+        names.append(name)
+    return names
 
 
 def has_tracer_provider() -> bool:
@@ -55,31 +72,67 @@ def has_meter_provider() -> bool:
     return not isinstance(metrics.get_meter_provider(), _ProxyMeterProvider)
 
 
+def bounded(function: Callable[[], Any], timeout: float) -> bool:
+    """Run ``function()`` in a daemon thread and wait at most ``timeout`` seconds.
+
+    True when it returned in time (its exceptions are logged). False when it is still running
+    (it goes on in the background; a daemon thread never blocks interpreter exit) or when no
+    thread could be started.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            function()
+        except Exception:
+            logger.exception("relevancy-tracer: a provider flush or shutdown failed")
+        finally:
+            done.set()
+
+    try:
+        threading.Thread(target=run, name="relevancy-tracer-flush", daemon=True).start()
+    except RuntimeError:
+        return False
+    return done.wait(max(0.0, timeout))
+
+
 @dataclass
 class OwnedProviders:
-    """Providers this library installed (flushed and shut down by ``relevancy_tracer.shutdown``)."""
+    """Providers this library installed (flushed and shut down by ``relevancy_tracer.shutdown``).
+
+    Attributes:
+        tracer_provider, meter_provider: the SDK providers, or None.
+        exporters: what was set up, for the start-up log line (e.g. ``traces: otlp http``).
+    """
 
     tracer_provider: Optional[Any] = None
     meter_provider: Optional[Any] = None
+    exporters: list[str] = field(default_factory=list)
 
     def force_flush(self, timeout_s: float) -> bool:
+        """Flush both providers; True when both finished within ``timeout_s`` seconds in all."""
         ok = True
         for provider in (self.tracer_provider, self.meter_provider):
             if provider is not None:
-                try:
-                    ok = bool(provider.force_flush(int(max(0.0, timeout_s) * 1000))) and ok
-                except Exception:
-                    logger.exception("relevancy-tracer: force_flush failed")
-                    ok = False
+                outcome: list[Any] = []
+                ok = bounded(lambda p=provider: outcome.append(p.force_flush(int(max(0.0, timeout_s) * 1000))), timeout_s) and outcome[:1] != [False] and ok
         return ok
 
-    def shutdown(self) -> None:
-        for provider in (self.tracer_provider, self.meter_provider):
-            if provider is not None:
+    def shutdown(self, timeout_s: float = 10.0) -> bool:
+        """Flush and shut down both providers within ``timeout_s`` seconds in all (an exporter
+        whose endpoint never answers is abandoned, not waited for). True when both finished."""
+        providers = [p for p in (self.tracer_provider, self.meter_provider) if p is not None]
+        if not providers:
+            return True
+
+        def run() -> None:
+            for provider in providers:
                 try:
                     provider.shutdown()
                 except Exception:
                     logger.exception("relevancy-tracer: provider shutdown failed")
+
+        return bounded(run, timeout_s)
 
 
 def _span_exporter(name: str) -> Any:
@@ -96,18 +149,28 @@ def _span_exporter(name: str) -> Any:
     return HTTPSpanExporter()
 
 
-def _metric_reader(name: str) -> Any:
+def _metric_reader(name: str, problems: list[str]) -> Optional[Any]:
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 
     if name == "prometheus":
         try:
             from opentelemetry.exporter.prometheus import PrometheusMetricReader
             from prometheus_client import start_http_server
-        except ImportError as exc:
-            raise ImportError("OTEL_METRICS_EXPORTER=prometheus needs pip install 'relevancy-tracer[prometheus]'") from exc
+        except ImportError:
+            problems.append("OTEL_METRICS_EXPORTER=prometheus needs pip install 'relevancy-tracer[prometheus]'; no Prometheus endpoint")
+            return None
         host = os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
-        port = int(os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464"))
-        start_http_server(port=port, addr=host)
+        raw_port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")
+        try:
+            port = int(raw_port)
+        except ValueError:
+            problems.append(f"OTEL_EXPORTER_PROMETHEUS_PORT={raw_port!r} is not a port number; using 9464")
+            port = 9464
+        try:
+            start_http_server(port=port, addr=host)
+        except OSError as exc:
+            problems.append(f"OTEL_EXPORTER_PROMETHEUS_PORT={port}: cannot listen on {host}:{port} ({exc}); no Prometheus endpoint in this process")
+            return None
         return PrometheusMetricReader()
     if name == "console":
         return PeriodicExportingMetricReader(ConsoleMetricExporter())
@@ -118,31 +181,69 @@ def _metric_reader(name: str) -> Any:
     return PeriodicExportingMetricReader(OTLPMetricExporter())
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(problem: str) -> None:
+    if problem not in _warned:
+        _warned.add(problem)
+        logger.warning("relevancy-tracer: %s", problem)
+
+
 def install_providers() -> OwnedProviders:
-    """Install SDK Tracer/MeterProviders from the environment where none is set (see module doc)."""
+    """Install SDK Tracer/MeterProviders from the environment where none is set (see module
+    doc). Never raises: a problem with one exporter is warned about once and that exporter is
+    left out."""
     owned = OwnedProviders()
     if sdk_disabled():
+        owned.exporters.append("OTEL_SDK_DISABLED=true: no providers")
         return owned
-    from opentelemetry.sdk.resources import Resource
+    problems: list[str] = []
+    try:
+        from opentelemetry.sdk.resources import Resource
 
-    resource = Resource.create()
-    if not has_tracer_provider():
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        resource = Resource.create()
+        if not has_tracer_provider():
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        provider = TracerProvider(resource=resource)
-        for name in _exporter_names("OTEL_TRACES_EXPORTER"):
-            if name != "none":
-                provider.add_span_processor(BatchSpanProcessor(_span_exporter(name)))
-        trace.set_tracer_provider(provider)
-        owned.tracer_provider = provider
-    if not has_meter_provider():
-        from opentelemetry.sdk.metrics import MeterProvider
+            provider = TracerProvider(resource=resource)
+            for name in _exporter_names("OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, problems):
+                if name == "none":
+                    continue
+                try:
+                    provider.add_span_processor(BatchSpanProcessor(_span_exporter(name)))
+                    owned.exporters.append(f"traces: {name}" + (f" {_protocol('TRACES')}" if name == "otlp" else ""))
+                except Exception as exc:  # e.g. the grpc exporter's package missing
+                    problems.append(f"OTEL_TRACES_EXPORTER={name}: cannot create the exporter ({type(exc).__name__}: {exc}); spans are not exported")
+            trace.set_tracer_provider(provider)
+            owned.tracer_provider = provider
+        else:
+            owned.exporters.append("traces: the app's TracerProvider")
+        if not has_meter_provider():
+            from opentelemetry.sdk.metrics import MeterProvider
 
-        readers = [_metric_reader(name) for name in _exporter_names("OTEL_METRICS_EXPORTER") if name != "none"]
-        meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=score_views())
-        metrics.set_meter_provider(meter_provider)
-        owned.meter_provider = meter_provider
+            readers = []
+            for name in _exporter_names("OTEL_METRICS_EXPORTER", METRIC_EXPORTERS, problems):
+                if name == "none":
+                    continue
+                try:
+                    reader = _metric_reader(name, problems)
+                except Exception as exc:
+                    problems.append(f"OTEL_METRICS_EXPORTER={name}: cannot create the exporter ({type(exc).__name__}: {exc}); metrics are not exported")
+                    reader = None
+                if reader is not None:
+                    readers.append(reader)
+                    owned.exporters.append(f"metrics: {name}" + (f" {_protocol('METRICS')}" if name == "otlp" else ""))
+            meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=score_views())
+            metrics.set_meter_provider(meter_provider)
+            owned.meter_provider = meter_provider
+        else:
+            owned.exporters.append("metrics: the app's MeterProvider")
+    except Exception as exc:  # never take the app down at start-up
+        problems.append(f"OpenTelemetry setup failed ({type(exc).__name__}: {exc}); continuing without installed providers")
+    for problem in problems:
+        _warn_once(problem)
     return owned
 
 

@@ -39,8 +39,21 @@ def suppressed_instrumentation() -> Iterator[None]:
         otel_context.detach(token)
 
 
+def encodable(text: str) -> str:
+    """``text`` with every character UTF-8 cannot encode (lone surrogates such as ``"\\ud800"``,
+    common in JSON from clients) replaced by U+FFFD, so encoding the export batch cannot fail.
+    Costs one encode attempt for clean text."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return "".join(ch if not 0xD800 <= ord(ch) <= 0xDFFF else "\ufffd" for ch in text)
+
+
 def clip(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters (with a marker when cut)."""
+    """``text`` made encodable (:func:`encodable`) and cut to ``limit`` characters (with a
+    marker when cut)."""
+    text = encodable(text)
     return text if len(text) <= limit else text[: max(0, limit - 15)] + "...[truncated]"
 
 
@@ -107,11 +120,40 @@ def result_attributes(result: RelevancyResult, *, capture_content: bool, limit: 
                 attrs[A.INTENT] = clip(result.intent, limit)
     else:
         attrs[A.ERROR_TYPE] = result.status
-        if result.error:
+        if result.error and capture_content:  # an error message may quote the model's reply
             attrs[A.ERROR] = clip(result.error, limit)
     if result.failed_components:
         attrs[A.FAILED_COMPONENTS] = [f"{name}:{status}" for name, status in result.failed_components.items()]
     return attrs
+
+
+def exception_type(exc: BaseException) -> str:
+    """``module.QualName`` of an exception's type (OpenTelemetry's ``exception.type``)."""
+    kind = type(exc)
+    module = getattr(kind, "__module__", "") or ""
+    return kind.__qualname__ if module in ("builtins", "") else f"{module}.{kind.__qualname__}"
+
+
+def record_exception(span: Any, exc: BaseException, *, capture_content: bool, limit: int) -> None:
+    """The app's exception as an ``exception`` span event and an ERROR status.
+
+    With ``capture_content`` the event has the type, message and stack trace (as the SDK's
+    ``record_exception``, with unencodable characters replaced); without it only the type, and
+    the status description is the type: an exception message may quote the user's text.
+    """
+    import traceback
+
+    attributes: dict[str, Any] = {"exception.type": exception_type(exc)}
+    description = attributes["exception.type"]
+    if capture_content:
+        message = clip(str(exc), limit)
+        attributes["exception.message"] = message
+        attributes["exception.stacktrace"] = clip("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), limit * 4)
+        description = f"{description}: {message}"
+    span.add_event("exception", attributes)
+    from opentelemetry.trace import Status as SpanStatus, StatusCode
+
+    span.set_status(SpanStatus(StatusCode.ERROR, description))
 
 
 def evaluation_event(result: RelevancyResult) -> dict[str, Any]:

@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
 
-from .._loop import BackgroundLoop
+from .. import _fork
+from .._loop import process_loop
 from ..config import Settings
 from ..models import build_models
 from ..models.base import Models
@@ -45,17 +46,16 @@ MODEL_FIELDS = (
 )
 
 
-_sync_loop = BackgroundLoop("relevancy-tracer-sync")
-atexit.register(_sync_loop.stop)  # closes HTTP sessions bound to it before exit
+atexit.register(lambda: process_loop().stop(5.0))  # closes HTTP sessions bound to it before exit
 
 
 def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
     """Run a coroutine to completion from sync code (also from inside a running event loop).
 
-    The coroutine runs on one long-lived background loop, so HTTP clients keep their
-    connection pools between calls.
+    The coroutine runs on the process's one long-lived background loop (``_loop.process_loop``),
+    so HTTP clients keep their connection pools between calls.
     """
-    return _sync_loop.run(factory)
+    return process_loop().run(factory)
 
 
 def prepare_inputs(question: Any, answer: Any, contexts: Any, settings: Settings) -> tuple[str, str, Optional[list[str]], bool]:
@@ -89,6 +89,10 @@ def prepare_inputs(question: Any, answer: Any, contexts: Any, settings: Settings
     return question, answer, context_list, truncated
 
 
+def _renew_engine_lock(engine: "Engine") -> None:
+    engine._override_lock = threading.Lock()
+
+
 class Engine:
     """Scores answer relevancy with one set of settings and model backends.
 
@@ -107,6 +111,7 @@ class Engine:
         self._cache = StepCache()
         self._override_models: dict[tuple, Models] = {}
         self._override_lock = threading.Lock()
+        _fork.renew_after_fork(self, _renew_engine_lock)
         self._identities: dict[tuple, tuple[Optional[Calibration], tuple[float, float, float], str]] = {}
 
     def raw_fingerprint(self, settings: Optional[Settings] = None, models: Optional[Models] = None) -> str:

@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import _fork
 from ..config import DEFAULT_THRESHOLDS, PROBABILITY_THRESHOLDS, Settings
 from . import prompts
 from .calibration import Calibration
@@ -117,6 +118,12 @@ def shipped_calibrations() -> list[Calibration]:
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
+
+
+@_fork.after_fork
+def _renew_lock() -> None:
+    global _warned_lock
+    _warned_lock = threading.Lock()
 
 
 def _warn_once(key: str, message: str, *args: Any) -> None:

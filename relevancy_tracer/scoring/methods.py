@@ -37,6 +37,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import numpy as np
 
+from .. import _fork
 from ..config import Settings
 from ..models.base import ModelError, Models
 from ..result import EvaluationError, Status, Usage
@@ -67,6 +68,10 @@ class StepCache:
     def __init__(self, maxsize: int = 2048):
         self._data: "OrderedDict[tuple, Any]" = OrderedDict()
         self._maxsize = maxsize
+        self._lock = threading.Lock()
+        _fork.renew_after_fork(self, StepCache._renew_after_fork)
+
+    def _renew_after_fork(self) -> None:
         self._lock = threading.Lock()
 
     def get(self, key: tuple) -> Any:

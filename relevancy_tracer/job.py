@@ -1,0 +1,188 @@
+"""The per-evaluation job: score one sampled call in the worker and write the result.
+
+Where a result goes (setting ``attach``):
+
+* ``answer_span``: the answer span was held open after the function returned, its end time
+  recorded; the job sets the ``relevancy.*`` attributes and a ``gen_ai.evaluation.result`` event
+  and ends it with that end time (``Span.end(end_time=...)``). Dropped, failed, timed out or
+  shut-down evaluations end it with ``relevancy.status`` saying why.
+* ``evaluation_span``: the answer span ended normally; the job emits an OpenInference EVALUATOR
+  span, child of and linked to it, with the same attributes and event (OpenInference's
+  annotation model: ended spans are immutable).
+
+Then, for every outcome: the metrics (count by status, score and duration by evaluator
+version), the drift detector (per traced function and evaluator version), and the ``on_result``
+hook. With content capture off nothing derived from the user's text leaves the job: no texts,
+no generated questions, no error messages (type and status only), and the hook receives the
+result without its texts.
+
+A job finishes exactly once (a lock guards it): the worker may finish it (dropped, timeout,
+shutdown) while it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, Status as SpanStatus, StatusCode
+
+from .otel import attributes as A
+from .otel.spans import content_attributes, evaluation_event, result_attributes, suppressed_instrumentation
+from .result import RelevancyResult, Status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .call import CallState
+
+logger = logging.getLogger("relevancy_tracer")
+
+
+@dataclass(frozen=True)
+class EvaluationOutcome:
+    """What the ``on_result`` hook receives when a sampled call's evaluation ends.
+
+    Attributes:
+        span_name: the traced function's span. status: scored | error | dropped | timeout |
+            shutdown. result: the :class:`RelevancyResult` (None when the evaluation never ran:
+            dropped, timed out, shut down); without content capture, its texts are removed
+            (:meth:`RelevancyResult.without_content`). trace_id, span_id: of the answer span, as
+            32 / 16 lowercase hex digits (e.g. for a link into the tracing UI).
+        question, answer: the texts that were scored (None when ``capture_content`` is off).
+    """
+
+    span_name: str
+    status: str
+    result: Optional[RelevancyResult]
+    trace_id: str
+    span_id: str
+    question: Optional[str] = None
+    answer: Optional[str] = None
+
+
+class EvaluationJob:
+    """One sampled call's evaluation, run by the worker; finishes its span exactly once.
+
+    Holds the call's texts already truncated to the scoring budgets (one character more, so the
+    engine still reports ``truncated``): a full queue holds bounded memory.
+    """
+
+    __slots__ = ("state", "runtime", "question", "answer", "contexts", "end_time", "deadline", "timeout", "span_context", "_lock", "_done")
+
+    def __init__(self, state: "CallState", question: str, answer: str, contexts: Optional[list[str]], end_time: int):
+        self.state = state
+        self.runtime = state.runtime
+        settings = self.runtime.settings
+        self.question = question[: settings.max_question_chars + 1] if isinstance(question, str) else question
+        self.answer = answer[: settings.max_answer_chars + 1] if isinstance(answer, str) else answer
+        self.contexts = contexts
+        self.end_time = end_time
+        self.deadline = time.monotonic() + settings.hold_timeout
+        self.timeout = settings.evaluation_timeout
+        self.span_context = state.span.get_span_context()
+        self._lock = threading.Lock()
+        self._done = False
+
+    async def run(self) -> None:
+        with suppressed_instrumentation():
+            result = await self.runtime.engine.ascore(self.question, self.answer, self.contexts, **self.state.options.overrides)
+        if result.ok:
+            self._complete(Status.SCORED, result=result)
+        else:
+            self._complete(Status.ERROR, result=result, error=result.error, error_type=result.status)
+
+    def finish(self, status: str, error: Optional[str] = None, reason: Optional[str] = None) -> None:
+        """Outcomes decided by the worker: dropped, timeout, shutdown, error."""
+        self._complete(status, error=error, reason=reason, error_type="internal" if status == Status.ERROR else None)
+
+    def _complete(self, status: str, *, result: Optional[RelevancyResult] = None, error: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        runtime, state = self.runtime, self.state
+        settings = runtime.settings
+        capture = settings.capture_content
+        name = state.options.name
+        try:
+            attrs: dict[str, Any] = {}
+            if result is not None:
+                attrs = result_attributes(result, capture_content=capture, limit=settings.max_content_chars)
+            attrs[A.STATUS] = status
+            if error and capture and A.ERROR not in attrs:
+                attrs[A.ERROR] = error
+            if error_type and A.ERROR_TYPE not in attrs:
+                attrs[A.ERROR_TYPE] = error_type
+            if reason:
+                attrs[A.STATUS_REASON] = reason
+            if settings.attach == "answer_span" or (status == Status.DROPPED and state.span.is_recording()):
+                span = state.span
+                span.set_attributes(attrs)
+                if result is not None:
+                    span.add_event(A.GEN_AI_EVALUATION_RESULT, evaluation_event(result), timestamp=self.end_time)
+                if settings.attach == "answer_span":
+                    span.end(end_time=self.end_time)
+            else:
+                self._emit_evaluation_span(attrs, result, status)
+        except Exception as exc:
+            logger.error("relevancy-tracer: writing a result failed (%s)", type(exc).__name__, exc_info=capture)
+            if settings.attach == "answer_span":
+                try:
+                    state.span.end(end_time=self.end_time)
+                except Exception:
+                    pass
+        version = result.evaluator_version if result is not None else None
+        try:
+            label = result.label if (result is not None and result.ok) else None
+            runtime.metrics.count(name, status, label=label, reason=reason, error_type=error_type)
+            if result is not None:
+                runtime.metrics.record_result(name, result.score if result.ok else None, result.latency_ms / 1000.0, result.method, version)
+                if result.ok and runtime.drift is not None:
+                    runtime.drift.observe(name, float(result.score), evaluator_version=version)  # type: ignore[arg-type]
+        except Exception as exc:
+            logger.error("relevancy-tracer: recording metrics failed (%s)", type(exc).__name__, exc_info=capture)
+        hook = settings.on_result
+        if hook is not None:
+            try:
+                shown = result if (result is None or capture) else result.without_content()
+                hook(
+                    EvaluationOutcome(
+                        name,
+                        status,
+                        shown,
+                        format(self.span_context.trace_id, "032x"),
+                        format(self.span_context.span_id, "016x"),
+                        self.question if capture else None,
+                        self.answer if capture else None,
+                    )
+                )
+            except Exception as exc:
+                logger.error("relevancy-tracer: the on_result hook raised %s", type(exc).__name__, exc_info=capture)
+
+    def _emit_evaluation_span(self, attrs: dict, result: Optional[RelevancyResult], status: str) -> None:
+        settings = self.runtime.settings
+        parent = trace.set_span_in_context(NonRecordingSpan(self.span_context))
+        now = time.time_ns()
+        start = now - int((result.latency_ms if result is not None else 0.0) * 1e6)
+        attrs = {A.OPENINFERENCE_SPAN_KIND: A.SPAN_KIND_EVALUATOR, **attrs}
+        if settings.capture_content:
+            attrs.update(content_attributes(self.question, self.answer, None, settings.max_content_chars))
+        span = self.runtime.otel_tracer.start_span(
+            A.EVALUATION_NAME,
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            links=[Link(self.span_context, {"relevancy.link": "evaluated_span"})],
+            start_time=start,
+            attributes=attrs,
+        )
+        if result is not None:
+            span.add_event(A.GEN_AI_EVALUATION_RESULT, evaluation_event(result), timestamp=now)
+        if status == Status.SCORED:
+            span.set_status(SpanStatus(StatusCode.OK))
+        else:
+            description = attrs.get(A.ERROR) if settings.capture_content else None
+            span.set_status(SpanStatus(StatusCode.ERROR, (description or attrs.get(A.ERROR_TYPE) or status)[:200]))
+        span.end(end_time=now)
