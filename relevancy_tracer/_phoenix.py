@@ -80,12 +80,16 @@ class PhoenixServer:
         self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"phoenix serve exited with {self.process.returncode}; see {self.log_path}")
-            if self.healthy():
-                return self
-            time.sleep(0.5)
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"phoenix serve exited with {self.process.returncode}; see {self.log_path}")
+                if self.healthy():
+                    return self
+                time.sleep(0.5)
+        except BaseException:  # SIGTERM / Ctrl-C while waiting: the child must not outlive us
+            self.stop()
+            raise
         self.stop()
         raise RuntimeError(f"phoenix serve did not become healthy within {timeout:.0f} s; see {self.log_path}")
 

@@ -367,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--phoenix-port", type=int, default=None, help="Phoenix port (default: PHOENIX_PORT or 4318)")
     demo.add_argument("--no-phoenix", action="store_true", help="do not start Phoenix; export to OTEL_EXPORTER_OTLP_ENDPOINT")
     demo.add_argument("--keep-running", action="store_true", help="keep Phoenix running after the demo until Ctrl-C")
+    demo.add_argument("--extractive", action="store_true", help="the app answers with passage sentences instead of generating with the local LLM")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -10,7 +10,9 @@
    REST API that every answer span arrived with its ``relevancy.*`` attributes, and prints the
    Phoenix URLs of the project and of each trace.
 
-Exit status 0 when every answer was scored and found in Phoenix.
+Exit status 0 when every answer was scored and found in Phoenix. SIGTERM (what Docker,
+systemd and Kubernetes send) and SIGINT stop the demo and the Phoenix server it started: no
+child process outlives it.
 """
 
 from __future__ import annotations
@@ -61,9 +63,39 @@ class ResultTable:
             self.done.notify_all()
 
 
+class _Terminated(BaseException):
+    """Raised in the main thread by the SIGTERM handler, so ``finally`` blocks stop children."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the demo (arguments: see ``relevancy-tracer demo --help``)."""
-    from ._examples.rag_app import QUESTIONS, PythonReferenceRAG
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    try:
+        return _run(args)
+    except (_Terminated, KeyboardInterrupt):
+        print("\nStopped.", flush=True)
+        return 143 if isinstance(sys.exc_info()[1], _Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
+    started: list[PhoenixServer] = []  # servers this run started: stopped whatever happens
+    try:
+        return _demo(args, started)
+    finally:
+        for server in started:
+            server.stop()
+        relevancy_tracer.shutdown(5.0)
+
+
+def _demo(args: argparse.Namespace, started: list) -> int:
+    from ._examples.rag_app import QUESTIONS, PythonReferenceRAG, extractive_generator
 
     questions = list(QUESTIONS[: args.questions] if args.questions else QUESTIONS)
     server: Optional[PhoenixServer] = None
@@ -79,8 +111,9 @@ def main(args: argparse.Namespace) -> int:
             return 2
         else:
             print(f"Starting Phoenix at {server.url} (working dir {server.working_dir}, log {server.log_path}) ...", flush=True)
-            server.start()
             started_here = True
+            started.append(server)  # before start(): a signal during start-up must still stop it
+            server.start()
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = server.url
         os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
     os.environ.setdefault("OTEL_SERVICE_NAME", "python-docs-rag")
@@ -96,38 +129,32 @@ def main(args: argparse.Namespace) -> int:
     # as the backlog needs instead of the production default (60 s).
     os.environ.setdefault("RELEVANCY_TRACER_HOLD_TIMEOUT", "1800")
     os.environ.setdefault("RELEVANCY_TRACER_EVALUATION_TIMEOUT", "600")
-    try:
-        answers: dict = {}
-        table = ResultTable(answers)
-        settings = relevancy_tracer.configure(on_result=table)
-        print(f"Scoring with {settings.resolved_llm_model} + {settings.resolved_embedding_model} (method {settings.method}).", flush=True)
-        print("Loading the example RAG app (Python's language reference) ...", flush=True)
-        rag = PythonReferenceRAG()
-        print(f"Asking {len(questions)} questions; each answer is scored in the background.\n", flush=True)
-        table.header()
-        started = time.monotonic()
-        for question in questions:
-            answers[question] = rag.answer(question)["answer"]
-        finished = relevancy_tracer.shutdown(timeout=1800)
-        elapsed = time.monotonic() - started
-        scored = [o for o in table.outcomes if o.status == "scored"]
-        print(f"\n{len(scored)} of {len(questions)} answers scored in {elapsed:.0f} s{'' if finished else ' (some evaluations did not finish)'}.", flush=True)
-        ok = len(scored) == len(questions)
-        if server is not None:
-            spans = server.wait_for_spans(PROJECT, lambda s: sum(1 for x in s if "relevancy.score" in (x.get("attributes") or {})) >= len(scored), timeout=60, name=[SPAN_NAME])
-            in_phoenix = [s for s in spans if "relevancy.score" in (s.get("attributes") or {})]
-            print(f"Phoenix has {len(in_phoenix)} answer spans with relevancy attributes. Open:", flush=True)
-            print(f"  project: {server.project_url(PROJECT)}", flush=True)
-            for outcome in table.outcomes:
-                print(f"  {_short(outcome.question, 48):<48}  {server.trace_url(outcome.trace_id)}", flush=True)
-            ok = ok and len(in_phoenix) >= len(scored)
-            if started_here and args.keep_running:
-                print(f"\nPhoenix keeps running at {server.url}; press Ctrl-C to stop it.", flush=True)
-                try:
-                    signal.pause() if hasattr(signal, "pause") else time.sleep(10**9)
-                except KeyboardInterrupt:
-                    pass
-        return 0 if ok else 1
-    finally:
-        if server is not None and started_here:
-            server.stop()
+    answers: dict = {}
+    table = ResultTable(answers)
+    settings = relevancy_tracer.configure(on_result=table)
+    print(f"Scoring with {settings.resolved_llm_model} + {settings.resolved_embedding_model} (method {settings.method}).", flush=True)
+    print("Loading the example RAG app (Python's language reference) ...", flush=True)
+    rag = PythonReferenceRAG(generator=extractive_generator if args.extractive else None)
+    print(f"Asking {len(questions)} questions; each answer is scored in the background.\n", flush=True)
+    table.header()
+    began = time.monotonic()
+    for question in questions:
+        answers[question] = rag.answer(question)["answer"]
+    finished = relevancy_tracer.shutdown(timeout=1800)
+    elapsed = time.monotonic() - began
+    scored = [o for o in table.outcomes if o.status == "scored"]
+    print(f"\n{len(scored)} of {len(questions)} answers scored in {elapsed:.0f} s{'' if finished else ' (some evaluations did not finish)'}.", flush=True)
+    ok = len(scored) == len(questions)
+    if server is not None:
+        spans = server.wait_for_spans(PROJECT, lambda s: sum(1 for x in s if "relevancy.score" in (x.get("attributes") or {})) >= len(scored), timeout=60, name=[SPAN_NAME])
+        in_phoenix = [s for s in spans if "relevancy.score" in (s.get("attributes") or {})]
+        print(f"Phoenix has {len(in_phoenix)} answer spans with relevancy attributes. Open:", flush=True)
+        print(f"  project: {server.project_url(PROJECT)}", flush=True)
+        for outcome in table.outcomes:
+            print(f"  {_short(outcome.question, 48):<48}  {server.trace_url(outcome.trace_id)}", flush=True)
+        ok = ok and len(in_phoenix) >= len(scored)
+        if started_here and args.keep_running:
+            print(f"\nPhoenix keeps running at {server.url}; press Ctrl-C to stop it.", flush=True)
+            signal.pause() if hasattr(signal, "pause") else time.sleep(10**9)
+    return 0 if ok else 1
+

@@ -1,0 +1,531 @@
+"""The fault suite: the host app comes first.
+
+Each test is one of issue 10's faults, reproduced as a user would meet it, with real components
+on 127.0.0.1 (an OpenAI-compatible model server that can hang, an OTLP endpoint that never
+answers, Phoenix, forked processes, signals). Every tracing test also checks, through the
+``tracing`` fixture's span ledger, that each span it started ended exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import StatusCode
+
+import relevancy_tracer
+from relevancy_tracer import lifecycle
+from relevancy_tracer.otel import attributes as A
+from relevancy_tracer.testing import Hang, OTLPReceiver
+
+from .conftest import ROOT, fake_model_env, finished_spans, subprocess_env
+
+QUESTION = "Where is France and what is its capital?"
+ANSWER = "France is in western Europe and Paris is its capital."
+SECRET = "Zyzzyva-4471"  # user text that must never leave the app when content capture is off
+
+
+def attrs_of(span):
+    return dict(span.attributes or {})
+
+
+def only_span(otel, name):
+    spans = finished_spans(otel, name)
+    assert len(spans) == 1, [s.name for s in finished_spans(otel)]
+    return spans[0]
+
+
+def everything_exported(otel) -> str:
+    """Every attribute, event, status and link of every finished span, as one string."""
+    parts = []
+    for span in otel.exporter.get_finished_spans():
+        parts.append(json.dumps({k: v for k, v in (span.attributes or {}).items()}, default=str, ensure_ascii=False))
+        parts.append(str(span.status.description))
+        for event in span.events:
+            parts.append(event.name + json.dumps(dict(event.attributes or {}), default=str, ensure_ascii=False))
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------------ behaviour
+
+
+def test_sync_wraps_wrapper_around_an_async_function_returns_the_wrappers_result(tracing, otel):
+    async def inner(question):
+        return ANSWER
+
+    @relevancy_tracer.trace(name="wrapped_async")
+    @functools.wraps(inner)
+    def answer(question):
+        return asyncio.run(inner(question))
+
+    assert answer(QUESTION) == ANSWER  # not a coroutine
+    assert relevancy_tracer.flush(10)
+    assert attrs_of(only_span(otel, "wrapped_async"))[A.STATUS] == "scored"
+
+
+def test_sync_wraps_wrapper_around_a_generator_returns_its_list(tracing, otel):
+    def chunks(question):
+        yield "France is in western Europe "
+        yield "and Paris is its capital."
+
+    @relevancy_tracer.trace(name="wrapped_generator", answer=lambda call: "".join(call.result))
+    @functools.wraps(chunks)
+    def answer(question):
+        return list(chunks(question))
+
+    result = answer(QUESTION)
+    assert result == ["France is in western Europe ", "and Paris is its capital."] and type(result) is list
+    assert relevancy_tracer.flush(10)
+    assert attrs_of(only_span(otel, "wrapped_generator"))[A.STATUS] == "scored"
+
+
+def test_a_returned_generator_of_documents_is_not_consumed(tracing, otel):
+    hits = ["Paris is the capital of France.", "France is in western Europe."]
+
+    @relevancy_tracer.trace(name="lazy_docs")
+    def answer(question):
+        return {"answer": ANSWER, "docs": (d for d in hits)}
+
+    result = answer(QUESTION)
+    assert list(result["docs"]) == hits  # the caller still gets every document
+    assert relevancy_tracer.flush(10)
+    a = attrs_of(only_span(otel, "lazy_docs"))
+    assert a[A.STATUS] == "scored" and not any(k.startswith("retrieval.documents") for k in a)
+
+
+def test_properties_of_returned_objects_are_never_called(tracing, otel):
+    calls = []
+
+    class Response:
+        def __init__(self):
+            self.answer = ANSWER
+
+        @property
+        def documents(self):  # an expensive or side-effecting property the tracer must not run
+            calls.append("documents")
+            return ["x"]
+
+    @relevancy_tracer.trace(name="props")
+    def answer(question):
+        return Response()
+
+    answer(QUESTION)
+    assert relevancy_tracer.flush(10)
+    assert calls == [] and attrs_of(only_span(otel, "props"))[A.STATUS] == "scored"
+
+
+def test_sync_function_returning_an_awaitable_or_iterator_gets_it_back_untouched(tracing, otel):
+    async def later():
+        return ANSWER
+
+    @relevancy_tracer.trace(name="returns_coroutine")
+    def answer(question):
+        return later()
+
+    coroutine = answer(QUESTION)
+    assert asyncio.iscoroutine(coroutine) and asyncio.run(coroutine) == ANSWER
+    iterator = iter([ANSWER])
+
+    @relevancy_tracer.trace(name="returns_iterator")
+    def answer_iter(question):
+        return iterator
+
+    assert answer_iter(QUESTION) is iterator and next(iterator) == ANSWER
+    assert attrs_of(only_span(otel, "returns_coroutine"))[A.STATUS_REASON] == "awaitable_returned"
+    assert attrs_of(only_span(otel, "returns_iterator"))[A.STATUS_REASON] == "iterator_returned"
+
+
+def test_exceptions_propagate_as_the_same_object_with_args_and_traceback(tracing, otel):
+    error = ValueError("bad input", 42)
+
+    @relevancy_tracer.trace(name="raises")
+    def answer(question):
+        raise error
+
+    with pytest.raises(ValueError) as caught:
+        answer(QUESTION)
+    assert caught.value is error and caught.value.args == ("bad input", 42)
+    frames = [frame.name for frame in caught.traceback]
+    assert frames[-1] == "answer"  # the app's frame is still the innermost one
+    span = only_span(otel, "raises")
+    assert span.status.status_code == StatusCode.ERROR and attrs_of(span)[A.STATUS] == "skipped"
+
+
+def test_cancellation_is_not_recorded_as_an_error(tracing, otel):
+    started = asyncio.Event
+
+    @relevancy_tracer.trace(name="cancelled")
+    async def answer(question):
+        await asyncio.sleep(30)
+        return ANSWER
+
+    async def main():
+        task = asyncio.create_task(answer(QUESTION))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    del started
+    span = only_span(otel, "cancelled")
+    assert span.status.status_code != StatusCode.ERROR and not span.events
+    assert attrs_of(span)[A.STATUS] == "cancelled"
+
+
+def test_too_many_contexts_are_capped_and_never_evict_the_core_attributes(tracing, otel):
+    tracing(max_contexts=8, max_context_chars=1000)
+
+    @relevancy_tracer.trace(name="many_docs")
+    def answer(question):
+        return {"answer": ANSWER, "contexts": [f"document {i} " * 40 for i in range(500)]}
+
+    answer(QUESTION)
+    assert relevancy_tracer.flush(10)
+    a = attrs_of(only_span(otel, "many_docs"))
+    documents = [k for k in a if k.startswith("retrieval.documents.")]
+    assert a[A.OPENINFERENCE_SPAN_KIND] == "CHAIN" and a[A.INPUT_VALUE] == QUESTION and a[A.STATUS] == "scored"
+    assert len(documents) <= 8 and sum(len(a[k]) for k in documents) <= 1000 and len(a) < 128
+
+
+def test_lone_surrogates_do_not_break_the_export(tracing, otel):
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    @relevancy_tracer.trace(name="surrogate")
+    def answer(question):
+        return ANSWER + " \ud800"
+
+    answer("Where is France? \udc00")
+    assert relevancy_tracer.flush(10)
+    span = only_span(otel, "surrogate")
+    encode_spans([span]).SerializeToString()  # what the OTLP exporters do: must not raise
+    assert "\ufffd" in attrs_of(span)[A.INPUT_VALUE]
+
+
+# ------------------------------------------------------------------------------ privacy
+
+
+def test_content_capture_off_leaks_no_text_anywhere(tracing, otel, server, caplog):
+    outcomes = []
+    tracing(capture_content=False, on_result=outcomes.append, json_retries=0)
+    server.chat.push(f"not json at all, but the user asked about {SECRET}")  # quoted in the error
+
+    @relevancy_tracer.trace(name="private")
+    def answer(question):
+        return f"{SECRET} answer"
+
+    @relevancy_tracer.trace(name="private_raises")
+    def fails(question):
+        raise RuntimeError(f"cannot answer {question}")
+
+    answer(f"What is {SECRET}?")
+    with pytest.raises(RuntimeError):
+        fails(f"What is {SECRET}?")
+    answer(f"What is {SECRET}?")  # scored normally this time
+    assert relevancy_tracer.flush(10)
+    exported = everything_exported(otel)
+    assert SECRET not in exported and "not json" not in exported
+    statuses = sorted(attrs_of(s)[A.STATUS] for s in finished_spans(otel, "private"))
+    assert statuses == ["error", "scored"]
+    assert "RuntimeError" in exported  # the type is recorded
+    for outcome in outcomes:
+        assert outcome.question is None and outcome.answer is None
+        assert SECRET not in json.dumps(outcome.result.to_dict(include_inputs=True), default=str)
+    assert SECRET not in caplog.text
+
+
+def test_raising_redaction_hook_puts_no_text_on_the_span(tracing, otel, server):
+    def redact(text, field):
+        raise ValueError(f"cannot redact {text}")
+
+    tracing(redact=redact)
+
+    @relevancy_tracer.trace(name="redact_raises")
+    def answer(question):
+        return ANSWER
+
+    answer(f"What is {SECRET}?")
+    relevancy_tracer.flush(5)
+    a = attrs_of(only_span(otel, "redact_raises"))
+    assert a[A.ERROR_TYPE] == "redaction" and SECRET not in everything_exported(otel)
+    assert server.requests == []
+
+
+def test_the_genai_capture_variable_is_the_conventions_switch(monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "false")
+    assert relevancy_tracer.Settings.resolve(llm="openai", embeddings="openai").capture_content is False
+    monkeypatch.setenv("RELEVANCY_TRACER_CAPTURE_CONTENT", "true")  # ours wins over the convention's
+    assert relevancy_tracer.Settings.resolve(llm="openai", embeddings="openai").capture_content is True
+
+
+# ------------------------------------------------------------------------------ sampling
+
+
+def test_samplers_run_before_extraction_and_redaction(tracing, otel, server):
+    seen = []
+    tracing(sample_ratio=0.0, redact=lambda text, field: seen.append(field) or text)
+
+    @relevancy_tracer.trace(name="unsampled", question=lambda call: seen.append("extracted") or QUESTION)
+    def answer(question):
+        return ANSWER
+
+    for _ in range(5):
+        answer(QUESTION)
+    assert seen == [] and server.requests == []
+    assert all(set(attrs_of(s)) == {A.OPENINFERENCE_SPAN_KIND, A.STATUS} for s in finished_spans(otel, "unsampled"))
+
+
+def test_traces_nobody_records_are_not_evaluated(tracing, otel, server):
+    tracing()
+    dropping = TracerProvider(sampler=ALWAYS_OFF).get_tracer("app")
+
+    @relevancy_tracer.trace(name="under_unsampled_parent")
+    def answer(question):
+        return ANSWER
+
+    with dropping.start_as_current_span("request"):  # the app's trace sampler said no
+        answer(QUESTION)
+    assert relevancy_tracer.flush(10)
+    assert server.requests == []  # no judge spend on a trace nobody will see
+    counts = lifecycle.current().metrics.counts()
+    assert any(key[1] == "not_sampled" and key[3] == "trace_not_recorded" for key in counts)
+
+    tracing(score_unrecorded=True)  # opt in: metrics-only scoring
+    with dropping.start_as_current_span("request"):
+        answer(QUESTION)
+    assert relevancy_tracer.flush(10)
+    assert len(server.requests_to("chat")) == 1
+    assert any(key[1] == "scored" and key[0] == "under_unsampled_parent" for key in lifecycle.current().metrics.counts())
+
+
+# ------------------------------------------------------------------------------ lifecycle
+
+
+def test_shutdown_is_final_until_configure(tracing, otel, server):
+    @relevancy_tracer.trace(name="after_shutdown")
+    def answer(question):
+        return ANSWER
+
+    relevancy_tracer.shutdown(5)
+    assert answer(QUESTION) == ANSWER
+    assert finished_spans(otel, "after_shutdown") == [] and lifecycle.current() is None
+    tracing()
+    answer(QUESTION)
+    assert relevancy_tracer.flush(10) and len(finished_spans(otel, "after_shutdown")) == 1
+
+
+def test_thread_start_failure_drops_with_a_reason_and_ends_spans(tracing, otel, server, monkeypatch):
+    import relevancy_tracer._loop as loop_module
+
+    loop_module.process_loop().stop(5)  # the loop's thread must be started again
+
+    def refuse(thread):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(loop_module, "_start_thread", refuse)
+
+    @relevancy_tracer.trace(name="no_threads")
+    def answer(question):
+        return ANSWER
+
+    assert answer(QUESTION) == ANSWER
+    assert relevancy_tracer.flush(2)  # nothing left pending
+    a = attrs_of(only_span(otel, "no_threads"))
+    assert a[A.STATUS] == "dropped" and a[A.STATUS_REASON] == "thread_start_failed"
+    monkeypatch.undo()  # threads may start again: the next call is scored
+    answer(QUESTION)
+    assert relevancy_tracer.flush(10)
+    assert sorted(attrs_of(s)[A.STATUS] for s in finished_spans(otel, "no_threads")) == ["dropped", "scored"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_while_the_worker_is_busy_and_locks_are_held(tracing, otel, server):
+    server.chat.push(Hang())
+
+    @relevancy_tracer.trace(name="forked_busy")
+    def answer(question):
+        return ANSWER
+
+    answer(QUESTION)  # the worker is busy with a request that never returns
+    assert server.wait_for_requests("chat", 1)
+    runtime = lifecycle.current()
+    read, write = os.pipe()
+    with runtime.metrics._lock, runtime.engine._cache._lock:  # held by this thread during fork
+        pid = os.fork()
+        if pid == 0:  # the child: its first traced call must not deadlock
+            try:
+                otel.exporter.clear()
+                answer(QUESTION)
+                ok = relevancy_tracer.flush(15)
+                statuses = [attrs_of(s).get(A.STATUS) for s in finished_spans(otel, "forked_busy")]
+                os.write(write, json.dumps([ok, statuses]).encode())
+            finally:
+                os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the forked child deadlocked")
+    ok, statuses = json.loads(os.read(read, 10000).decode())
+    os.close(read)
+    assert ok and statuses == ["scored"]
+    relevancy_tracer.shutdown(1)
+
+
+BLACK_HOLE_APP = textwrap.dedent(
+    """
+    import socket, sys, time, threading
+    import relevancy_tracer
+
+    @relevancy_tracer.trace(name="pending")
+    def answer(question):
+        return "France is in western Europe and Paris is its capital."
+
+    relevancy_tracer.configure(attach="evaluation_span")
+    for _ in range(200):
+        answer("Where is France and what is its capital?")
+    started = time.monotonic()
+    relevancy_tracer.shutdown(timeout=3)
+    print("SHUTDOWN", round(time.monotonic() - started, 3), flush=True)
+    """
+)
+
+
+def test_shutdown_is_bounded_when_model_and_otlp_endpoints_never_answer(server, tmp_path):
+    for _ in range(5):
+        server.chat.push(Hang())
+    black_hole = socket.socket()
+    black_hole.bind(("127.0.0.1", 0))
+    black_hole.listen(100)  # accepts connections, never answers
+    try:
+        script = tmp_path / "app.py"
+        script.write_text(BLACK_HOLE_APP)
+        env = subprocess_env(
+            fake_model_env(server),
+            RELEVANCY_TRACER_METHOD="ragas",
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{black_hole.getsockname()[1]}",
+            OTEL_METRIC_EXPORT_INTERVAL="100",
+        )
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        line = [l for l in proc.stdout.splitlines() if l.startswith("SHUTDOWN")][0]
+        assert float(line.split()[1]) < 3 + 1.5, line  # the issue measured 23.1 s
+        assert time.monotonic() - started < 60  # and the process exits (daemon threads never block exit)
+    finally:
+        black_hole.close()
+
+
+START_UP_APP = textwrap.dedent(
+    """
+    import sys, logging
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
+    if sys.argv[1] == "no-extra":
+        sys.modules["opentelemetry.exporter.prometheus"] = None  # the extra is not installed
+    import relevancy_tracer
+    relevancy_tracer.configure()
+    @relevancy_tracer.trace
+    def answer(question):
+        return "Paris."
+    print("RESULT", answer("What is the capital of France?"))
+    relevancy_tracer.shutdown(2)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "case, env, warning",
+    [
+        ("no-extra", {"OTEL_METRICS_EXPORTER": "prometheus"}, "OTEL_METRICS_EXPORTER=prometheus"),
+        ("port-taken", {"OTEL_METRICS_EXPORTER": "prometheus"}, "OTEL_EXPORTER_PROMETHEUS_PORT="),
+        ("unknown", {"OTEL_TRACES_EXPORTER": "zipkin-ish", "OTEL_METRICS_EXPORTER": "none"}, "OTEL_TRACES_EXPORTER='zipkin-ish'"),
+    ],
+)
+def test_configure_never_raises_for_the_environment(server, tmp_path, case, env, warning):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        script = tmp_path / "app.py"
+        script.write_text(START_UP_APP)
+        extra = dict(env, OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1", OTEL_EXPORTER_PROMETHEUS_PORT=str(taken.getsockname()[1]) if case == "port-taken" else "0")
+        proc = subprocess.run([sys.executable, str(script), case], env=subprocess_env(fake_model_env(server), extra, RELEVANCY_TRACER_METHOD="ragas"), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "RESULT Paris." in proc.stdout
+        assert warning in proc.stdout, proc.stdout
+        info = [l for l in proc.stdout.splitlines() if l.startswith("INFO relevancy-tracer: llm=")]
+        assert info and "method=ragas" in info[0] and "sample_ratio=1" in info[0]  # one start-up line
+    finally:
+        taken.close()
+
+
+def test_local_backend_only_when_its_model_packages_are_installed(monkeypatch):
+    from relevancy_tracer import config
+    from relevancy_tracer.models import local_llm
+
+    monkeypatch.setattr(local_llm, "model_installed", lambda spec: False)
+    assert relevancy_tracer.Settings.resolve().llm == "openai"
+    monkeypatch.setattr(local_llm, "model_installed", lambda spec: True)
+    if config.importlib.util.find_spec("llama_cpp") is not None:
+        assert relevancy_tracer.Settings.resolve().llm == "local"
+
+
+def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
+    from relevancy_tracer.models import local_llm
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7}, raising=False)
+    monkeypatch.setattr(local_llm, "_cgroup_cpu_quota", lambda: 2.5)
+    assert local_llm.default_threads() == 3  # the cgroup quota (2.5 CPUs) wins over 8 cores
+    monkeypatch.setattr(local_llm, "_cgroup_cpu_quota", lambda: None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert local_llm.default_threads() == 1  # pinned to one CPU
+
+
+# ------------------------------------------------------------------------------ signals
+
+
+@pytest.mark.phoenix
+def test_sigterm_stops_the_demo_and_the_phoenix_server_it_started(server, tmp_path):
+    psutil = pytest.importorskip("psutil")
+    from relevancy_tracer._phoenix import free_port
+
+    env = subprocess_env(fake_model_env(server), RELEVANCY_TRACER_METHOD="ragas", PHOENIX_PORT=str(free_port()), PHOENIX_WORKING_DIR=str(tmp_path / "phoenix"))
+    proc = subprocess.Popen([sys.executable, "-m", "relevancy_tracer.cli", "demo", "--extractive", "--keep-running"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    lines = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Asking" in line or "Phoenix keeps running" in line:
+                break
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert any("phoenix" in " ".join(c.cmdline()).lower() for c in children), lines
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        gone, alive = psutil.wait_procs(children, timeout=30)
+        assert alive == [], [c.cmdline() for c in alive]
+        assert proc.returncode in (143, 0, 1), "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
