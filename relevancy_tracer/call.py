@@ -35,6 +35,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from ._logging import log_failure
 from .extraction import CallInfo, ExtractionError, Extractor, cap_contexts
 from .otel import attributes as A
 from .otel.spans import content_attributes, record_exception
@@ -110,7 +111,7 @@ class CallState:
             token = otel_context.attach(trace.set_span_in_context(span))
             return cls(runtime, options, span, token)
         except Exception:
-            logger.exception("relevancy-tracer: could not start a span")
+            log_failure("could not start a span", runtime.settings.capture_content)
             return None
 
     def detach(self) -> None:
@@ -224,7 +225,7 @@ class CallState:
                 try:
                     runtime.worker.submit(job)  # a refused job is finished (and its span ended) at once
                 except Exception:
-                    logger.exception("relevancy-tracer: submitting an evaluation failed")
+                    log_failure("submitting an evaluation failed", settings.capture_content)
                     job.finish(Status.ERROR, "internal error", "submit")
             else:
                 try:
@@ -232,7 +233,7 @@ class CallState:
                 finally:
                     self._end_span(end_time)
         except Exception as exc:
-            logger.exception("relevancy-tracer: handling a traced call failed")
+            log_failure("handling a traced call failed", settings.capture_content)
             self._end_now(Status.ERROR, f"internal error: {type(exc).__name__}", end_time=end_time, error_type="internal")
 
     def _extract(self, call: CallInfo) -> tuple[str, str, Optional[list[str]]]:
@@ -251,7 +252,7 @@ class CallState:
         try:
             self.span.end(end_time=end_time)
         except Exception:
-            logger.exception("relevancy-tracer: ending a span failed")
+            log_failure("ending a span failed", self.runtime.settings.capture_content)
 
     def _end_now(
         self,

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, Status as SpanStatus, StatusCode
 
+from ._logging import log_failure
 from .otel import attributes as A
 from .otel.spans import content_attributes, evaluation_event, result_attributes, suppressed_instrumentation
 from .result import RelevancyResult, Status
@@ -127,8 +128,8 @@ class EvaluationJob:
                     span.end(end_time=self.end_time)
             else:
                 self._emit_evaluation_span(attrs, result, status)
-        except Exception as exc:
-            logger.error("relevancy-tracer: writing a result failed (%s)", type(exc).__name__, exc_info=capture)
+        except Exception:
+            log_failure("writing a result failed", capture)
             if settings.attach == "answer_span":
                 try:
                     state.span.end(end_time=self.end_time)
@@ -142,8 +143,8 @@ class EvaluationJob:
                 runtime.metrics.record_result(name, result.score if result.ok else None, result.latency_ms / 1000.0, result.method, version)
                 if result.ok and runtime.drift is not None:
                     runtime.drift.observe(name, float(result.score), evaluator_version=version)  # type: ignore[arg-type]
-        except Exception as exc:
-            logger.error("relevancy-tracer: recording metrics failed (%s)", type(exc).__name__, exc_info=capture)
+        except Exception:
+            log_failure("recording metrics failed", capture)
         hook = settings.on_result
         if hook is not None:
             try:
@@ -159,8 +160,8 @@ class EvaluationJob:
                         self.answer if capture else None,
                     )
                 )
-            except Exception as exc:
-                logger.error("relevancy-tracer: the on_result hook raised %s", type(exc).__name__, exc_info=capture)
+            except Exception:
+                log_failure("the on_result hook raised", capture)
 
     def _emit_evaluation_span(self, attrs: dict, result: Optional[RelevancyResult], status: str) -> None:
         settings = self.runtime.settings

@@ -33,6 +33,7 @@ import time
 from collections import deque
 from typing import Optional, Protocol
 
+from ._logging import log_failure
 from ._loop import BackgroundLoop, LoopStartError
 from .result import Status
 
@@ -279,7 +280,7 @@ class Worker:
         except asyncio.CancelledError:
             self._safe_finish(job, Status.SHUTDOWN, "cancelled at shutdown")
         except Exception as exc:
-            logger.exception("relevancy-tracer: evaluation job failed")
+            log_failure("evaluation job failed", False)
             self._safe_finish(job, Status.ERROR, f"internal error: {type(exc).__name__}")
         finally:
             slots.release()

@@ -15,6 +15,7 @@ import time
 from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
 
 from .. import _fork
+from .._logging import log_failure
 from .._loop import process_loop
 from ..config import Settings
 from ..models import build_models
@@ -241,7 +242,7 @@ class Engine:
         except Exception as exc:  # every failure becomes a result; nothing escapes to the caller
             status, message = failure_of(exc)
             if status == Status.INTERNAL_ERROR:
-                logger.exception("relevancy-tracer: internal error while scoring")
+                log_failure("internal error while scoring", settings.capture_content, exc)
             result = RelevancyResult.failure(status, message, method=settings.method)
             try:
                 result.evaluator_version = self.identity(settings, models)[2]
