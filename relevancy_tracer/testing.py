@@ -223,11 +223,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(404, {"error": {"message": f"unknown path {self.path}"}})
             return
         owner._record(kind, body, dict(self.headers))
-        owner._enter()
+        owner._enter(kind)
         try:
             self._serve(owner, kind, body)
         finally:
-            owner._leave()
+            owner._leave(kind)
 
     def _serve(self, owner: "FakeOpenAIServer", kind: str, body: dict) -> None:
         script = owner.chat if kind == "chat" else owner.embeddings
@@ -285,6 +285,7 @@ class FakeOpenAIServer:
         base_url: ``http://127.0.0.1:<port>/v1``. chat, embeddings: :class:`Script` queues.
         requests: list of ``(kind, body)`` for every request received.
         max_in_flight: the most requests the server was handling at once.
+        max_in_flight_by_kind: the same per kind (``{"chat": n, "embeddings": m}``).
     """
 
     def __init__(
@@ -305,6 +306,8 @@ class FakeOpenAIServer:
         self.headers: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.max_in_flight_by_kind: dict[str, int] = {}
+        self._in_flight_by_kind: dict[str, int] = {}
         self._lock = threading.Lock()
         self._received = threading.Condition(self._lock)
         self._stopped = threading.Event()
@@ -346,14 +349,17 @@ class FakeOpenAIServer:
         with self._received:
             return self._received.wait_for(lambda: sum(1 for k, _ in self.requests if k == kind) >= count, timeout)
 
-    def _enter(self) -> None:
+    def _enter(self, kind: str) -> None:
         with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            now = self._in_flight_by_kind[kind] = self._in_flight_by_kind.get(kind, 0) + 1
+            self.max_in_flight_by_kind[kind] = max(self.max_in_flight_by_kind.get(kind, 0), now)
 
-    def _leave(self) -> None:
+    def _leave(self, kind: str) -> None:
         with self._lock:
             self.in_flight -= 1
+            self._in_flight_by_kind[kind] -= 1
 
     def requests_to(self, kind: str) -> list[dict]:
         """Bodies of the requests received on ``chat`` or ``embeddings``."""

@@ -242,7 +242,9 @@ def test_evaluate_respects_concurrency_and_order(server):
     rows.insert(4, {"question": "no answer column"})
     rows.insert(7, {"user_input": "Where is Lyon?", "response": "Lyon is in France.", "retrieved_contexts": ["Lyon..."]})
     results = engine.evaluate(rows, concurrency=3)
-    assert len(results) == 12 and server.max_in_flight <= 3
+    # At most three rows at once: one chat call per row is in flight at a time (the question's
+    # embedding may overlap its row's chat call, so total requests are not the measure).
+    assert len(results) == 12 and server.max_in_flight_by_kind["chat"] <= 3
     assert results[4].status == Status.INVALID_INPUT and "row 4" in results[4].error
     assert results[7].question == "Where is Lyon?" and results[7].contexts == ["Lyon..."]
     assert [r.question for r in results if r.ok][:3] == [f"Where is city number {i}?" for i in range(3)]
