@@ -277,7 +277,7 @@ class Settings:
     temperature: float = 0.0
     local_threads: Optional[int] = None
     local_context: int = 4096
-    method: str = "ragas_intent"
+    method: str = "ragas_judge"
     strictness: int = 3
     noncommittal: str = "per_question"
     generation: str = "joint"

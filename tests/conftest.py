@@ -58,7 +58,7 @@ def openai_settings(server: FakeOpenAIServer, **overrides: Any) -> Settings:
 
     The method is ``ragas`` unless overridden: these tests exercise the RAGAS machinery
     (question generation, one embeddings request, noncommittal rules); the default method
-    (``ragas_intent``) has tests of its own.
+    (``ragas_judge``) has tests of its own.
     """
     values: dict[str, Any] = dict(method="ragas", llm_timeout=5.0, llm_max_retries=2, **fake_model_settings(server))
     values.update(overrides)

@@ -153,8 +153,8 @@ def test_default_settings_pick_the_default_method(server):
     from relevancy_tracer.config import Settings
 
     settings = Settings.resolve(environ={}, llm="openai", embeddings="openai", llm_base_url=server.base_url, llm_model="m", embedding_model="e")
-    assert settings.method == "ragas_intent" and settings.noncommittal == "per_question" and settings.generation == "joint"
-    assert Engine(settings).score(Q, A).components.keys() == {"ragas", "intent"}
+    assert settings.method == "ragas_judge" and settings.noncommittal == "per_question" and settings.generation == "joint"
+    assert Engine(settings).score(Q, A).components.keys() == {"judge", "topicality", "ragas"}
 
 
 def test_ragas_judge_continues_the_question_conversation_and_combines_its_components(server):

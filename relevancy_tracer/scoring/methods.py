@@ -19,8 +19,11 @@ method             score                                                   LLM c
                    fulfils the question's stated intent (seed 000)         question, cached)
 ``combined``       weighted mean of components, weights renormalised over  sum of components
                    the ones that succeeded (seed 000: 0.3/0.25/0.25/0.2)
-``ragas_intent``   the default: 0.2 ragas + 0.8 intent, chosen on WikiEval 2 (+1 per new
-                   (see ``RAGAS_INTENT_WEIGHTS``)                          question, cached)
+``ragas_intent``   0.2 ragas + 0.8 intent (the default before 0.3; see     2 (+1 per new
+                   ``RAGAS_INTENT_WEIGHTS``)                               question, cached)
+``ragas_judge``    the default: a 1-5 judgement asked as the second turn   2 (one KV-shared
+                   of the RAGAS question conversation, plus the answer's   conversation)
+                   capped topicality; the RAGAS score kept as a component  + 1 embeddings
 =================  ======================================================  ================
 
 Question-only steps (decomposition into sub-questions, the intent statement) depend on the
