@@ -247,6 +247,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("max_content_chars", "int", "characters", "Longest text recorded in one span attribute.", int, _check_number(16, integer=True)),
     _spec("redact", "callable", "", "`fn(text, field) -> str`, applied to question, answer and contexts before they are recorded or sent to a model. Argument only.", None, _check_optional_callable),
     _spec("on_result", "callable", "", "`fn(EvaluationOutcome)`, called in the worker after each evaluation ends (scored or not); exceptions are logged. Argument only.", None, _check_optional_callable),
+    _spec("phoenix_url", "URL", "", "Also write each score as a Phoenix span annotation (`answer_relevancy`, upserted by evaluation id) to the Phoenix at this URL; API key from `PHOENIX_API_KEY`. Used by the decorator, `serve`, `worker` and `backfill`.", _parse_optional_str, _check_optional_str),
     _spec("setup_otel", "bool", "", "When the app has no TracerProvider/MeterProvider, `configure()` installs SDK ones with OTLP exporters from the standard OTEL_* variables.", _parse_bool, _check_bool),
     _spec("drift_detection", "bool", "", "Run the in-process drift detector on scores (see `relevancy_tracer.drift`).", _parse_bool, _check_bool),
 )
@@ -303,6 +304,7 @@ class Settings:
     max_content_chars: int = 8000
     redact: Optional[Callable[[str, str], str]] = None
     on_result: Optional[Callable[[Any], None]] = None
+    phoenix_url: Optional[str] = None
     setup_otel: bool = True
     drift_detection: bool = True
 

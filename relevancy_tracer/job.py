@@ -135,6 +135,17 @@ class EvaluationJob:
                     state.span.end(end_time=self.end_time)
                 except Exception:
                     pass
+        if result is not None and result.ok and runtime.annotations is not None:
+            try:
+                from .phoenix import annotation_for, evaluation_id
+
+                span_hex = format(self.span_context.span_id, "016x")
+                identifier = evaluation_id(format(self.span_context.trace_id, "032x"), span_hex, result.method)
+                annotation = annotation_for(result if capture else result.without_content(), span_hex, identifier, capture_content=capture)
+                if annotation is not None:
+                    runtime.annotations.submit(annotation)
+            except Exception:
+                log_failure("queueing a Phoenix annotation failed", capture)
         version = result.evaluator_version if result is not None else None
         try:
             label = result.label if (result is not None and result.ok) else None

@@ -68,6 +68,11 @@ class Runtime:
                 self.drift = DriftMonitor(service_name=self.service_name)
             except Exception:  # the monitor is optional; the tracer works without it
                 logger.exception("relevancy-tracer: drift detector disabled")
+        self.annotations = None
+        if settings.phoenix_url:
+            from .phoenix import PhoenixAnnotationSink
+
+            self.annotations = PhoenixAnnotationSink(settings.phoenix_url)
         self.active = True
         _fork.renew_after_fork(self, Runtime._renew_after_fork)
 
@@ -101,6 +106,8 @@ class Runtime:
         finished. Returns within ``timeout`` plus a fraction of a second."""
         deadline = time.monotonic() + max(0.0, timeout)
         ok = self.worker.flush(timeout)
+        if self.annotations is not None:
+            ok = self.annotations.flush(max(0.0, deadline - time.monotonic())) and ok
         providers = [trace.get_tracer_provider(), _meter_provider()]
         for provider in providers:
             force_flush = getattr(provider, "force_flush", None)
@@ -119,6 +126,8 @@ class Runtime:
         deadline = time.monotonic() + max(0.0, timeout)
         self.active = False
         ok = self.worker.shutdown(timeout)
+        if self.annotations is not None:
+            ok = self.annotations.shutdown(max(0.0, deadline - time.monotonic())) and ok
         if self.owned.tracer_provider is not None or self.owned.meter_provider is not None:
             ok = self.owned.shutdown(max(0.0, deadline - time.monotonic())) and ok
         return ok

@@ -135,3 +135,60 @@ def test_phoenix_ui_shows_the_relevancy_attributes(phoenix, server, tmp_path):
         finally:
             browser.close()
     assert screenshot.stat().st_size > 10_000
+
+
+ANNOTATED_APP = textwrap.dedent(
+    """
+    import relevancy_tracer
+
+    relevancy_tracer.configure()
+
+    @relevancy_tracer.trace(name="annotated_answer")
+    def answer(question: str) -> str:
+        return "France is in western Europe and Paris is its capital."
+
+    answer("Where is France and what is its capital?")
+    assert relevancy_tracer.shutdown(60)
+    """
+)
+
+
+@pytest.mark.parametrize("capture", ["true", "false"])
+def test_scores_become_phoenix_span_annotations_upserted_by_evaluation_id(phoenix, server, capture):
+    """With ``phoenix_url`` set, each scored span gets one ``answer_relevancy`` annotation (the
+    badge Phoenix shows in its trace tree); writing it again with the same evaluation id
+    replaces it; with content capture off its metadata holds no generated question."""
+    from relevancy_tracer.phoenix import ANNOTATION_NAME, PhoenixClient
+
+    project = f"annotations-{capture}"
+    env = subprocess_env(
+        fake_model_env(server),
+        OTEL_EXPORTER_OTLP_ENDPOINT=phoenix.url,
+        OTEL_RESOURCE_ATTRIBUTES=f"openinference.project.name={project}",
+        OTEL_METRICS_EXPORTER="none",
+        RELEVANCY_TRACER_PHOENIX_URL=phoenix.url,
+        RELEVANCY_TRACER_CAPTURE_CONTENT=capture,
+    )
+    proc = subprocess.run([sys.executable, "-c", ANNOTATED_APP], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    spans = phoenix.wait_for_spans(project, lambda s: len(s) == 1, timeout=60, name=["annotated_answer"])
+    span_id = spans[0]["context"]["span_id"]
+    client = PhoenixClient(phoenix.url)
+    try:
+        page = client._request("GET", f"/v1/projects/{project}/span_annotations", params=[("span_ids", span_id)])
+        annotations = [a for a in page["data"] if a["name"] == ANNOTATION_NAME]
+        assert len(annotations) == 1, page
+        annotation = annotations[0]
+        assert annotation["annotator_kind"] == "LLM" and annotation["result"]["score"] == spans[0]["attributes"]["relevancy.score"]
+        assert annotation["result"]["label"] == spans[0]["attributes"]["relevancy.label"]
+        assert annotation["metadata"]["evaluator_version"] == spans[0]["attributes"]["relevancy.evaluator.version"]
+        assert ("generated_questions" in annotation["metadata"]) == (capture == "true")
+        # A retried evaluation writes the same identifier: Phoenix replaces, never doubles.
+        again = dict(span_id=span_id, name=ANNOTATION_NAME, annotator_kind="LLM", identifier=annotation["identifier"], result={"score": 0.5, "label": "x", "explanation": "retry"}, metadata={})
+        client.annotate([again], sync=True)
+        page = client._request("GET", f"/v1/projects/{project}/span_annotations", params=[("span_ids", span_id)])
+        annotations = [a for a in page["data"] if a["name"] == ANNOTATION_NAME]
+        assert len(annotations) == 1 and annotations[0]["result"]["score"] == 0.5, page
+        assert client.annotated_span_ids(project, [span_id, "0" * 16]) == {span_id}
+    finally:
+        client.close()
