@@ -322,13 +322,13 @@ def stats(samples: array) -> dict:
 
 def rt_counts() -> Optional[dict]:
     """relevancy-tracer's per-status call counts and queue depth (which path was timed)."""
-    from relevancy_tracer import tracer as rt
+    from relevancy_tracer import lifecycle
 
-    current = rt._current
+    current = lifecycle._current
     if current is None:
         return None
     counts: dict[str, int] = {}
-    for (_, status, _, reason, _), value in current.metrics.counts().items():
+    for (_, status, _, reason, _, _), value in current.metrics.counts().items():
         key = status + (f":{reason}" if reason else "")
         counts[key] = counts.get(key, 0) + value
     return {"statuses": counts, "queue_depth": current.worker.depth}

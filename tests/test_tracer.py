@@ -179,7 +179,7 @@ def test_generator_stream_is_joined_and_send_is_delegated(tracing, otel):
     assert a[A.OUTPUT_VALUE] == ANSWER and a[A.STATUS] == "scored"
 
 
-def test_generator_closed_early_is_scored_on_what_was_streamed(tracing, otel):
+def test_generator_closed_early_is_incomplete_unless_configured(tracing, otel):
     closed = []
 
     @relevancy_tracer.trace
@@ -194,7 +194,7 @@ def test_generator_closed_early_is_scored_on_what_was_streamed(tracing, otel):
     assert next(gen) == "France is in western Europe."
     gen.close()  # the client went away: the answer is incomplete, and not scored by default
     assert closed == [True] and relevancy_tracer.flush(10)
-    a = attrs_of(only_span(otel, "test_generator_closed_early_is_scored_on_what_was_streamed.<locals>.stream"))
+    a = attrs_of(only_span(otel, "test_generator_closed_early_is_incomplete_unless_configured.<locals>.stream"))
     assert a[A.STATUS] == "incomplete" and a[A.STATUS_REASON] == "stream_closed_early" and A.SCORE not in a
     otel.exporter.clear()
     tracing(score_incomplete_streams=True)
@@ -202,7 +202,7 @@ def test_generator_closed_early_is_scored_on_what_was_streamed(tracing, otel):
     next(gen)
     gen.close()
     assert relevancy_tracer.flush(10)
-    a = attrs_of(only_span(otel, "test_generator_closed_early_is_scored_on_what_was_streamed.<locals>.stream"))
+    a = attrs_of(only_span(otel, "test_generator_closed_early_is_incomplete_unless_configured.<locals>.stream"))
     assert a[A.OUTPUT_VALUE] == "France is in western Europe." and a[A.STATUS] == "scored"
 
 
