@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 from collections import Counter
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .config import GENERATION_MODES, METHODS, NONCOMMITTAL_RULES, Settings
 from .dataset import ColumnMapping, InputRow, RowWriter, read_rows
@@ -313,6 +313,66 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(args)
 
 
+def _serve_logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _stop_on_signals(stop: Callable[[], None]) -> None:
+    """SIGTERM (Docker, systemd, Kubernetes) and SIGINT stop the command cleanly."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _signum, _frame: stop())
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    from .service.app import ScoringService
+
+    _serve_logging()
+    overrides = {"phoenix_url": args.phoenix_url} if args.phoenix_url else {}
+    settings = _settings_from(args)
+    if overrides:
+        settings = settings.replace(**overrides)
+    service = ScoringService(settings, queue_url=args.queue, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port).start()
+    print(f"relevancy-tracer serve: OTLP/HTTP http://{args.host}:{service.server.http_port}/v1/traces, OTLP/gRPC {args.host}:{service.server.grpc_port}, queue {args.queue or 'in-process'}", flush=True)
+    stopped = threading.Event()
+    _stop_on_signals(stopped.set)
+    while not stopped.wait(0.5):
+        pass
+    ok = service.stop(timeout=args.shutdown_timeout)
+    print(f"relevancy-tracer serve: stopped ({service.accepted} spans accepted, {service.refused} requests refused)", flush=True)
+    return 0 if ok else 1
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .service.app import FleetWorker
+
+    _serve_logging()
+    settings = _settings_from(args)
+    if args.phoenix_url:
+        settings = settings.replace(phoenix_url=args.phoenix_url)
+    worker = FleetWorker(args.queue, settings, claim_idle=args.claim_idle)
+    _stop_on_signals(worker.stop)
+    print(f"relevancy-tracer worker {worker.consumer}: consuming {args.queue}", flush=True)
+    worker.run(max_jobs=args.max_jobs)
+    print(f"relevancy-tracer worker {worker.consumer}: stopped ({worker.scored} scored, {worker.skipped} already done, {worker.reclaimed} reclaimed, {worker.failed} failed)", flush=True)
+    return 0
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .service.backfill import backfill
+
+    report = backfill(args.phoenix, args.project, _settings_from(args), since=args.since, state=Path(args.state) if args.state else None)
+    print(json.dumps({"seen": report.seen, "already_annotated": report.already_annotated, "scored": report.scored, "failed": report.failed}))
+    return 0 if report.failed == 0 else 1
+
+
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     """Method and model flags shared by ``score`` and ``calibrate`` (override the settings)."""
     parser.add_argument("--method", choices=METHODS)
@@ -369,6 +429,32 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep-running", action="store_true", help="keep Phoenix running after the demo until Ctrl-C")
     demo.add_argument("--extractive", action="store_true", help="the app answers with passage sentences instead of generating with the local LLM")
     demo.set_defaults(func=cmd_demo)
+
+    serve = sub.add_parser("serve", help="receive OTLP traces and score the spans of apps that never import this package")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--http-port", type=int, default=4318, help="OTLP/HTTP port (default 4318; 0: a free port)")
+    serve.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (default 4317; 0: a free port)")
+    serve.add_argument("--queue", help="redis://HOST:PORT/DB: queue jobs on a Redis Stream for `relevancy-tracer worker` processes (default: score in this process)")
+    serve.add_argument("--phoenix-url", help="also write scores as Phoenix span annotations (default: RELEVANCY_TRACER_PHOENIX_URL)")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds to finish queued evaluations on SIGTERM (default 30)")
+    _add_model_flags(serve)
+    serve.set_defaults(func=cmd_serve, calibration=None)
+
+    worker = sub.add_parser("worker", help="consume the Redis Stream that `serve --queue` fills: score, export, acknowledge")
+    worker.add_argument("--queue", required=True, help="redis://HOST:PORT/DB")
+    worker.add_argument("--phoenix-url", help="also write scores as Phoenix span annotations (default: RELEVANCY_TRACER_PHOENIX_URL)")
+    worker.add_argument("--claim-idle", type=float, default=30.0, help="seconds before a job taken by a dead worker is reclaimed (default 30)")
+    worker.add_argument("--max-jobs", type=int, default=None, help=argparse.SUPPRESS)
+    _add_model_flags(worker)
+    worker.set_defaults(func=cmd_worker, calibration=None)
+
+    fill = sub.add_parser("backfill", help="score spans already stored in Phoenix and annotate them (idempotent, resumable)")
+    fill.add_argument("--phoenix", required=True, help="Phoenix base URL")
+    fill.add_argument("--project", required=True, help="Phoenix project name")
+    fill.add_argument("--since", help="only spans started at or after this ISO 8601 time")
+    fill.add_argument("--state", help="file keeping the page cursor, to resume an interrupted run")
+    _add_model_flags(fill)
+    fill.set_defaults(func=cmd_backfill, calibration=None)
     return parser
 
 

@@ -422,7 +422,8 @@ class OTLPReceiver:
     Decodes every exported span into a dict (``name``, ``trace_id``, ``span_id``,
     ``parent_span_id`` as hex, ``kind``, ``attributes``, ``events``, ``links``, ``status_code``,
     ``start``, ``end``, ``resource``) and every metric data point into
-    ``(name, attributes, value)`` records, so tests can read exported attributes back.
+    ``(name, attributes, value)`` records and every log record into a dict (``event_name``,
+    ``attributes``, ``trace_id``, ``span_id``, ``time``), so tests can read them back.
 
     Attributes:
         http_endpoint: ``http://127.0.0.1:<port>`` (the exporter appends ``/v1/traces``).
@@ -432,6 +433,7 @@ class OTLPReceiver:
     def __init__(self, grpc: bool = True):
         self.spans: list[dict] = []
         self.metrics: list[tuple[str, dict, Any]] = []
+        self.logs: list[dict] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._http = _Server(("127.0.0.1", 0), _OTLPHandler)
@@ -516,6 +518,35 @@ class OTLPReceiver:
             self.spans.extend(decoded)
             self._changed.notify_all()
 
+    def add_logs(self, request: Any) -> None:
+        decoded = []
+        for resource_logs in request.resource_logs:
+            for scope_logs in resource_logs.scope_logs:
+                for record in scope_logs.log_records:
+                    decoded.append(
+                        {
+                            "event_name": record.event_name,
+                            "attributes": _attributes(record.attributes),
+                            "trace_id": record.trace_id.hex(),
+                            "span_id": record.span_id.hex(),
+                            "time": record.time_unix_nano,
+                        }
+                    )
+        with self._changed:
+            self.logs.extend(decoded)
+            self._changed.notify_all()
+
+    def wait_for_logs(self, predicate: Callable[[list[dict]], bool], timeout: float = 30.0) -> list[dict]:
+        """Block until ``predicate(log records)`` holds (or ``timeout`` s); returns the records."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not predicate(self.logs):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+            return list(self.logs)
+
     def add_metrics(self, request: Any) -> None:
         decoded = []
         for resource_metrics in request.resource_metrics:
@@ -571,6 +602,13 @@ class _OTLPHandler(BaseHTTPRequestHandler):
             request.ParseFromString(body)
             owner.add_metrics(request)
             reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+        elif self.path.startswith("/v1/logs"):
+            from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+
+            request = logs_service_pb2.ExportLogsServiceRequest()
+            request.ParseFromString(body)
+            owner.add_logs(request)
+            reply = logs_service_pb2.ExportLogsServiceResponse().SerializeToString()
         else:
             reply = b""
         self.send_response(200)

@@ -127,6 +127,33 @@ class Worker:
             self._engine.call_soon(self._wake_set)
         return True
 
+    def submit_all(self, jobs: list) -> bool:
+        """Queue every job or none (the service refuses a whole export request atomically, so
+        a refused request queued nothing and can be re-sent as is). Never blocks. False when
+        there is not room for all of them (nothing is queued or finished)."""
+        if not jobs:
+            return True
+        with self._lock:
+            if self._closed or len(self._queue) + len(jobs) > self.queue_size:
+                return False
+            self._queue.extend(jobs)
+            self._pending += len(jobs)
+            wake = self._waiting
+            self._waiting = False
+            start = not self._dispatching or not self._engine.running
+            if start:
+                self._dispatching = True
+        if start:
+            return self._start_dispatcher()
+        if wake:
+            self._engine.call_soon(self._wake_set)
+        return True
+
+    @property
+    def room(self) -> int:
+        """Jobs the queue can still take."""
+        return max(0, self.queue_size - len(self._queue))
+
     def _start_dispatcher(self) -> bool:
         try:
             self._dispatcher = self._engine.submit(self._dispatch)  # type: ignore[assignment]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -192,3 +193,33 @@ def test_scores_become_phoenix_span_annotations_upserted_by_evaluation_id(phoeni
         assert client.annotated_span_ids(project, [span_id, "0" * 16]) == {span_id}
     finally:
         client.close()
+
+
+def test_backfill_scores_stored_spans_once_and_a_second_run_scores_nothing(phoenix, server, tmp_path):
+    """200 spans of an app that never imported this package, stored in Phoenix: `backfill`
+    annotates every one; run again, it finds them annotated and scores nothing."""
+    from relevancy_tracer.phoenix import ANNOTATION_NAME, PhoenixClient
+
+    from .test_service import run_otel_only_app
+
+    project = "otel-only"  # the app's resource names its Phoenix project
+    ids = run_otel_only_app(phoenix.url, openinference=150, genai=50)
+    phoenix.wait_for_spans(project, lambda s: len(s) >= 200, timeout=90, name=["rag.answer", "chat gpt-4o"])
+    command = [str(Path(sys.executable).parent / "relevancy-tracer"), "backfill", "--phoenix", phoenix.url, "--project", project, "--state", str(tmp_path / "cursor.json"), "--method", "ragas"]
+    env = subprocess_env(fake_model_env(server), RELEVANCY_TRACER_CONCURRENCY="8")
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[0]["scored"] == 200 and runs[0]["failed"] == 0, runs
+    assert runs[1]["scored"] == 0 and runs[1]["already_annotated"] == 200, runs
+    client = PhoenixClient(phoenix.url)
+    try:
+        span_ids = [span_id for _, _, span_id in ids]
+        assert client.annotated_span_ids(project, span_ids, ANNOTATION_NAME) == set(span_ids)
+        page = client._request("GET", f"/v1/projects/{project}/span_annotations", params=[("span_ids", s) for s in span_ids[:50]] + [("limit", 1000)])
+        assert len([a for a in page["data"] if a["name"] == ANNOTATION_NAME]) == 50  # one each, never doubled
+    finally:
+        client.close()
+    assert not (tmp_path / "cursor.json").exists()  # a finished run leaves no cursor to resume

@@ -71,19 +71,21 @@ class RelevancyMetrics:
     def _renew_after_fork(self) -> None:
         self._lock = threading.Lock()
 
-    def count(self, span_name: str, status: str, label: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None) -> None:
-        """Count one call with its final relevancy status (cheap: no SDK call)."""
-        key = (span_name, status, label, reason, error_type)
+    def count(self, span_name: str, status: str, label: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None, service_name: Optional[str] = None) -> None:
+        """Count one call with its final relevancy status (cheap: no SDK call).
+
+        ``service_name`` overrides the instance's (the scoring service counts per scored app)."""
+        key = (span_name, status, label, reason, error_type, service_name or self.service_name)
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
 
-    def record_result(self, span_name: str, score: Optional[float], duration_s: Optional[float], method: str, evaluator_version: Optional[str] = None) -> None:
+    def record_result(self, span_name: str, score: Optional[float], duration_s: Optional[float], method: str, evaluator_version: Optional[str] = None, service_name: Optional[str] = None) -> None:
         """Record a scored evaluation's score and an evaluation's duration.
 
         ``evaluator_version`` labels the points, so dashboards and alert rules compare scores of
         one evaluator only (an evaluator change is not app drift).
         """
-        attrs = {A.ATTR_SPAN_NAME: span_name, A.ATTR_SERVICE_NAME: self.service_name, A.METHOD: method}
+        attrs = {A.ATTR_SPAN_NAME: span_name, A.ATTR_SERVICE_NAME: service_name or self.service_name, A.METHOD: method}
         if evaluator_version:
             attrs[A.EVALUATOR_VERSION] = evaluator_version
         if score is not None:
@@ -92,13 +94,14 @@ class RelevancyMetrics:
             self.duration.record(duration_s, attrs)
 
     def counts(self) -> dict[tuple, int]:
-        """A copy of the cumulative counts, keyed (span_name, status, label, reason, error_type)."""
+        """A copy of the cumulative counts, keyed (span_name, status, label, reason, error_type,
+        service_name)."""
         with self._lock:
             return dict(self._counts)
 
     def _observe_counts(self, _options: Any) -> Iterable[metrics.Observation]:
-        for (span_name, status, label, reason, error_type), value in self.counts().items():
-            attrs = {A.ATTR_SPAN_NAME: span_name, A.ATTR_SERVICE_NAME: self.service_name, A.STATUS: status}
+        for (span_name, status, label, reason, error_type, service_name), value in self.counts().items():
+            attrs = {A.ATTR_SPAN_NAME: span_name, A.ATTR_SERVICE_NAME: service_name, A.STATUS: status}
             if label:
                 attrs[A.LABEL] = label
             if reason:

@@ -1,0 +1,281 @@
+"""Which received spans to score, and their question, answer and contexts.
+
+A span is a candidate when it carries a question and an answer in one of the conventions apps
+are instrumented with:
+
+* **OpenInference** (Phoenix, OpenInference instrumentations of LangChain, LlamaIndex, ...):
+  ``input.value`` / ``output.value``; when ``input.mime_type`` / ``output.mime_type`` is JSON,
+  the question is the string field named question | query | input | user_input | prompt (or the
+  only string field), the answer the field named answer | output | result | response | text.
+* **GenAI semantic conventions**: ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (JSON
+  ``[{"role": "user", "parts": [{"type": "text", "content": "..."}]}]``): the question is the last
+  user message's text parts, the answer the assistant messages' text parts; and the older
+  ``gen_ai.prompt`` / ``gen_ai.completion`` (a string, JSON messages, or OpenLLMetry's indexed
+  ``gen_ai.prompt.<i>.role`` / ``.content``).
+
+Filters (all configurable): OpenInference span kinds (default CHAIN, AGENT and LLM; spans
+without a kind qualify through the GenAI attributes), span-name glob patterns, required
+attribute values, and by default only the outermost candidate of each trace in the batch (a
+LangChain request produces many nested CHAIN spans; the root one holds the user's question and
+the final answer). Spans this package wrote (EVALUATOR spans, spans already carrying
+``relevancy.status``) are never candidates. Then the decorator's samplers: the trace-id ratio
+(every service of a trace decides alike) and the rate limit.
+
+Contexts come from ``retrieval.documents.<i>.document.content`` on the span, else on RETRIEVER
+spans of the same trace in the batch.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from ..otel import attributes as A
+from ..sampling import RateLimitSampler, TraceIdRatioSampler
+from .otlp import ReceivedSpan
+
+QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q")
+ANSWER_FIELDS = ("answer", "output", "result", "response", "text", "content", "output_text")
+_DOCUMENT = re.compile(r"^retrieval\.documents\.(\d+)\.document\.content$")
+_INDEXED = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(role|content)$")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the service scores.
+
+    Attributes:
+        span_kinds: OpenInference kinds accepted (``openinference.span.kind``).
+        names: glob patterns of span names (empty: any).
+        attributes: required attribute values (``key -> value`` compared as strings).
+        outermost_only: only the outermost candidate of each trace in a batch.
+        sample_ratio: share of traces scored, decided on the trace id (as the decorator).
+        rate_limit: evaluations per minute at most (None: no cap).
+        max_contexts, max_context_chars: caps on the contexts taken.
+    """
+
+    span_kinds: tuple[str, ...] = ("CHAIN", "AGENT", "LLM")
+    names: tuple[str, ...] = ()
+    attributes: tuple[tuple[str, str], ...] = ()
+    outermost_only: bool = True
+    sample_ratio: float = 1.0
+    rate_limit: Optional[float] = None
+    max_contexts: int = 16
+    max_context_chars: int = 32000
+
+
+@dataclass
+class Candidate:
+    """A span to score: where it is, and its texts."""
+
+    span: ReceivedSpan
+    question: str
+    answer: str
+    contexts: Optional[list[str]] = None
+    convention: str = "openinference"
+
+
+def _json_field(text: str, fields: Sequence[str]) -> Optional[str]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        for name in fields:
+            if isinstance(value.get(name), str) and value[name].strip():
+                return value[name]
+        strings = [v for v in value.values() if isinstance(v, str) and v.strip()]
+        if len(strings) == 1:
+            return strings[0]
+        # LangChain-style {"messages": [...]} or {"input": {...}}
+        for nested in value.values():
+            if isinstance(nested, (dict, list)):
+                found = _json_field(json.dumps(nested), fields)
+                if found and found != json.dumps(nested):
+                    return found
+        return None
+    if isinstance(value, list):
+        messages = _message_texts(value)
+        if messages:
+            return messages[-1][1]
+    return None
+
+
+def _parts_text(parts: Any) -> str:
+    if isinstance(parts, str):
+        return parts
+    texts = []
+    for part in parts or []:
+        if isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("content"), str):
+            texts.append(part["content"])
+        elif isinstance(part, dict) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return "".join(texts)
+
+
+def _message_texts(messages: Any) -> list[tuple[str, str]]:
+    """(role, text) of GenAI / OpenAI-style chat messages."""
+    out = []
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        role = str(message.get("role") or "")
+        if "parts" in message:
+            text = _parts_text(message.get("parts"))
+        else:
+            content = message.get("content")
+            text = content if isinstance(content, str) else _parts_text(content)
+        if text.strip():
+            out.append((role, text))
+    return out
+
+
+def _load(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def genai_texts(attributes: dict[str, Any]) -> Optional[tuple[str, str]]:
+    """(question, answer) from GenAI semantic-convention attributes, or None."""
+    question = answer = None
+    if "gen_ai.input.messages" in attributes:
+        users = [text for role, text in _message_texts(_load(attributes["gen_ai.input.messages"])) if role == "user"]
+        question = users[-1] if users else None
+    if "gen_ai.output.messages" in attributes:
+        outputs = _message_texts(_load(attributes["gen_ai.output.messages"]))
+        answer = "".join(text for role, text in outputs if role in ("assistant", "")) or None
+    if question is None and "gen_ai.prompt" in attributes:
+        prompt = _load(attributes["gen_ai.prompt"])
+        users = [text for role, text in _message_texts(prompt) if role == "user"] if isinstance(prompt, list) else []
+        question = users[-1] if users else (prompt if isinstance(prompt, str) else None)
+    if answer is None and "gen_ai.completion" in attributes:
+        completion = _load(attributes["gen_ai.completion"])
+        texts = _message_texts(completion) if isinstance(completion, list) else []
+        answer = "".join(t for _, t in texts) if texts else (completion if isinstance(completion, str) else None)
+    if question is None or answer is None:
+        indexed: dict[tuple[str, int], dict[str, Any]] = {}
+        for key, value in attributes.items():
+            match = _INDEXED.match(key)
+            if match:
+                indexed.setdefault((match.group(1), int(match.group(2))), {})[match.group(3)] = value
+        if question is None:
+            prompts = [v for (kind, _), v in sorted(indexed.items()) if kind == "prompt" and v.get("role") == "user" and isinstance(v.get("content"), str)]
+            question = prompts[-1]["content"] if prompts else None
+        if answer is None:
+            completions = [v["content"] for (kind, _), v in sorted(indexed.items()) if kind == "completion" and isinstance(v.get("content"), str)]
+            answer = "".join(completions) if completions else None
+    if isinstance(question, str) and question.strip() and isinstance(answer, str) and answer.strip():
+        return question, answer
+    return None
+
+
+def openinference_texts(attributes: dict[str, Any]) -> Optional[tuple[str, str]]:
+    """(question, answer) from OpenInference ``input.value`` / ``output.value``, or None."""
+    raw_in, raw_out = attributes.get(A.INPUT_VALUE), attributes.get(A.OUTPUT_VALUE)
+    if not isinstance(raw_in, str) or not isinstance(raw_out, str):
+        return None
+    question = _json_field(raw_in, QUESTION_FIELDS) if "json" in str(attributes.get("input.mime_type", "")) or raw_in.lstrip().startswith(("{", "[")) else raw_in
+    answer = _json_field(raw_out, ANSWER_FIELDS) if "json" in str(attributes.get("output.mime_type", "")) or raw_out.lstrip().startswith(("{", "[")) else raw_out
+    if isinstance(question, str) and question.strip() and isinstance(answer, str) and answer.strip():
+        return question, answer
+    return None
+
+
+def span_documents(attributes: dict[str, Any]) -> list[str]:
+    """``retrieval.documents.<i>.document.content`` values in index order."""
+    found = []
+    for key, value in attributes.items():
+        match = _DOCUMENT.match(key)
+        if match and isinstance(value, str):
+            found.append((int(match.group(1)), value))
+    return [text for _, text in sorted(found)]
+
+
+class SpanSelector:
+    """Applies a :class:`Selection` to the spans of export requests (thread-safe)."""
+
+    def __init__(self, selection: Selection = Selection()):
+        self.selection = selection
+        self._ratio = TraceIdRatioSampler(selection.sample_ratio)
+        self._rate = RateLimitSampler(selection.rate_limit) if selection.rate_limit else None
+
+    def texts(self, span: ReceivedSpan) -> Optional[tuple[str, str, str]]:
+        """(question, answer, convention) when ``span`` passes the static filters."""
+        attrs = span.attributes
+        if span.scope == "relevancy_tracer" or A.STATUS in attrs:
+            return None  # written by this package (scored in-app, or an evaluator span)
+        kind = attrs.get(A.OPENINFERENCE_SPAN_KIND)
+        sel = self.selection
+        if sel.names and not any(fnmatch.fnmatchcase(span.name, pattern) for pattern in sel.names):
+            return None
+        for key, expected in sel.attributes:
+            if str(attrs.get(key)) != expected:
+                return None
+        if kind is not None:
+            if kind == A.SPAN_KIND_EVALUATOR or kind not in sel.span_kinds:
+                return None
+            found = openinference_texts(attrs)
+            if found is not None:
+                return found[0], found[1], "openinference"
+        found = genai_texts(attrs)
+        if found is not None:
+            return found[0], found[1], "genai"
+        return None
+
+    def select(self, spans: Sequence[ReceivedSpan]) -> list[Candidate]:
+        """The candidates of one batch, filtered, outermost first, then sampled."""
+        sel = self.selection
+        by_trace: dict[str, dict[str, ReceivedSpan]] = {}
+        for span in spans:
+            by_trace.setdefault(span.trace_id, {})[span.span_id] = span
+        candidates = []
+        for span in spans:
+            texts = self.texts(span)
+            if texts is None:
+                continue
+            candidates.append(Candidate(span, texts[0], texts[1], None, texts[2]))
+        if sel.outermost_only and candidates:
+            chosen = {(c.span.trace_id, c.span.span_id) for c in candidates}
+            kept = []
+            for candidate in candidates:
+                siblings = by_trace[candidate.span.trace_id]
+                parent = candidate.span.parent_span_id
+                nested = False
+                seen = 0
+                while parent and parent in siblings and seen < 1000:
+                    if (candidate.span.trace_id, parent) in chosen:
+                        nested = True
+                        break
+                    parent = siblings[parent].parent_span_id
+                    seen += 1
+                if not nested:
+                    kept.append(candidate)
+            candidates = kept
+        out = []
+        for candidate in candidates:
+            if not self._ratio.sample_trace_id(int(candidate.span.trace_id, 16)):
+                continue
+            if self._rate is not None and not self._rate.should_sample(None):  # type: ignore[arg-type]
+                continue
+            candidate.contexts = self._contexts(candidate.span, by_trace[candidate.span.trace_id].values())
+            out.append(candidate)
+        return out
+
+    def _contexts(self, span: ReceivedSpan, trace_spans: Any) -> Optional[list[str]]:
+        from ..extraction import cap_contexts
+
+        documents = span_documents(span.attributes)
+        if not documents:
+            for other in trace_spans:
+                if other.attributes.get(A.OPENINFERENCE_SPAN_KIND) == "RETRIEVER":
+                    documents.extend(span_documents(other.attributes))
+        return cap_contexts(documents, self.selection.max_contexts, self.selection.max_context_chars) if documents else None

@@ -1,0 +1,138 @@
+"""The service's own OpenTelemetry providers: evaluator spans per app project, log records, metrics.
+
+Configured by the standard variables, as the decorator's (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``..._PROTOCOL``, ``OTEL_TRACES_EXPORTER``, ``OTEL_LOGS_EXPORTER``, ``OTEL_METRICS_EXPORTER``,
+``OTEL_SERVICE_NAME`` default ``relevancy-tracer``).
+
+Phoenix files spans into projects by the resource attribute ``openinference.project.name``, so an
+evaluator span lands next to the span it scores only if it is exported under the scored app's
+project: the service keeps one TracerProvider per project it has seen (at most
+``max_projects``, least recently used closed first), each with its own batch processor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Optional
+
+from ..otel.metrics import RelevancyMetrics, score_views
+from ..otel.setup import METRIC_EXPORTERS, TRACE_EXPORTERS, _exporter_names, _metric_reader, _protocol, _span_exporter, _warn_once, bounded
+
+logger = logging.getLogger("relevancy_tracer")
+
+LOG_EXPORTERS = ("otlp", "console", "none")
+
+
+def _log_exporter(name: str) -> Any:
+    if name == "console":
+        from opentelemetry.sdk._logs.export import ConsoleLogRecordExporter
+
+        return ConsoleLogRecordExporter()
+    if _protocol("LOGS") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter  # type: ignore[assignment]
+    return OTLPLogExporter()
+
+
+class ServiceTelemetry:
+    """Tracer providers per project, a logger provider and a meter provider, from the environment.
+
+    Args:
+        max_projects: tracer providers kept at once. queue_depth: callable giving the queue depth
+            (for the ``relevancy.queue.depth`` gauge).
+    """
+
+    def __init__(self, max_projects: int = 16, queue_depth: Any = None):
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.resources import Resource
+
+        os.environ.setdefault("OTEL_SERVICE_NAME", "relevancy-tracer")
+        self.resource = Resource.create()
+        problems: list[str] = []
+        self._trace_exporters = [n for n in _exporter_names("OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, problems) if n != "none"]
+        self.logger_provider = LoggerProvider(resource=self.resource)
+        for name in _exporter_names("OTEL_LOGS_EXPORTER", LOG_EXPORTERS, problems):
+            if name != "none":
+                try:
+                    self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(_log_exporter(name)))
+                except Exception as exc:
+                    problems.append(f"OTEL_LOGS_EXPORTER={name}: cannot create the exporter ({exc})")
+        readers = []
+        for name in _exporter_names("OTEL_METRICS_EXPORTER", METRIC_EXPORTERS, problems):
+            if name != "none":
+                try:
+                    reader = _metric_reader(name, problems)
+                except Exception as exc:
+                    problems.append(f"OTEL_METRICS_EXPORTER={name}: cannot create the exporter ({exc})")
+                    reader = None
+                if reader is not None:
+                    readers.append(reader)
+        self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=score_views())
+        for problem in problems:
+            _warn_once(problem)
+        self.logger = self.logger_provider.get_logger("relevancy_tracer")
+        self.metrics = RelevancyMetrics(str(self.resource.attributes.get("service.name", "relevancy-tracer")), queue_depth or (lambda: 0), meter_provider=self.meter_provider)
+        meter = self.meter_provider.get_meter("relevancy_tracer")
+        self.refused = meter.create_counter("relevancy.service.refused", unit="{request}", description="OTLP export requests refused with a retryable code (queue at its bound)")
+        self.reclaimed = meter.create_counter("relevancy.service.reclaimed", unit="{evaluation}", description="Jobs of dead consumers reclaimed from the Redis Stream")
+        self.max_projects = max_projects
+        self._providers: "OrderedDict[Optional[str], Any]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def tracer(self, project: Optional[str]) -> Any:
+        """The tracer exporting under ``project`` (Phoenix's ``openinference.project.name``)."""
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from .. import __version__
+
+        with self._lock:
+            provider = self._providers.get(project)
+            if provider is None:
+                resource = self.resource.merge(Resource({"openinference.project.name": project})) if project else self.resource
+                provider = TracerProvider(resource=resource)
+                for name in self._trace_exporters:
+                    provider.add_span_processor(BatchSpanProcessor(_span_exporter(name)))
+                self._providers[project] = provider
+                while len(self._providers) > self.max_projects:
+                    _, old = self._providers.popitem(last=False)
+                    bounded(old.shutdown, 5.0)
+            else:
+                self._providers.move_to_end(project)
+        return provider.get_tracer("relevancy_tracer", __version__)
+
+    def force_flush(self, timeout: float = 10.0) -> bool:
+        """Export everything written so far (spans and log records); True when done in time."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            providers = list(self._providers.values())
+        ok = True
+        for provider in providers + [self.logger_provider]:
+            remaining = max(0.0, deadline - time.monotonic())
+            outcome: list = []
+            ok = bounded(lambda p=provider: outcome.append(p.force_flush(int(remaining * 1000))), remaining) and outcome[:1] != [False] and ok
+        return ok
+
+    def shutdown(self, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        ok = self.force_flush(timeout)
+        with self._lock:
+            providers = list(self._providers.values())
+            self._providers.clear()
+
+        def stop() -> None:
+            for provider in providers + [self.logger_provider, self.meter_provider]:
+                try:
+                    provider.shutdown()
+                except Exception:
+                    logger.exception("relevancy-tracer: provider shutdown failed")
+
+        return bounded(stop, max(0.0, deadline - time.monotonic())) and ok
