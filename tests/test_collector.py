@@ -25,7 +25,7 @@ from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
 
 from ._observability import COLLECTOR_CONFIG, ScoreDial, ServerProcess, TracedApp, free_port, wait_until
 
-CONTRIB_CONFIGS = [COLLECTOR_CONFIG / "otelcol-contrib.yaml", COLLECTOR_CONFIG / "otelcol-contrib.datadog.yaml"]
+CONTRIB_CONFIGS = [COLLECTOR_CONFIG / "otelcol-contrib.yaml", COLLECTOR_CONFIG / "otelcol-contrib.datadog.yaml", COLLECTOR_CONFIG / "otelcol-contrib.scoring.yaml"]
 ROTEL_ENV = COLLECTOR_CONFIG / "rotel.env"
 README = COLLECTOR_CONFIG / "README.md"
 PROMETHEUS_YML = COLLECTOR_CONFIG / "prometheus" / "prometheus.yml"
@@ -34,7 +34,7 @@ PROMETHEUS_YML = COLLECTOR_CONFIG / "prometheus" / "prometheus.yml"
 CONTRIB_TYPES = {
     "receivers": {"otlp", "prometheus", "hostmetrics"},
     "processors": {"memory_limiter", "batch", "resource", "attributes", "transform", "filter", "tail_sampling"},
-    "exporters": {"otlp", "otlphttp", "prometheus", "prometheusremotewrite", "datadog", "debug"},
+    "exporters": {"otlp", "otlphttp", "prometheus", "prometheusremotewrite", "datadog", "debug", "loadbalancing"},
     "connectors": {"datadog", "spanmetrics"},
     "extensions": {"health_check", "pprof", "zpages"},
 }
@@ -125,6 +125,21 @@ def test_datadog_variant_sends_traces_and_metrics_to_datadog():
     assert config["exporters"]["datadog"]["api"]["key"] == "${env:DD_API_KEY}"
     pipelines = config["service"]["pipelines"]
     assert "datadog" in pipelines["traces"]["exporters"] and pipelines["metrics"]["exporters"] == ["datadog"]
+
+
+def test_scoring_variant_fans_traces_out_to_the_backend_and_the_scoring_fleet_by_trace_id():
+    """Every trace goes to the backend and, routed by trace id over OTLP/gRPC to port 4317 of
+    each resolved `serve` instance, to the scoring fleet, with retries on UNAVAILABLE (a full
+    scoring queue) and a sending queue."""
+    config = load(CONTRIB_CONFIGS[2])
+    exporters = config["service"]["pipelines"]["traces"]["exporters"]
+    assert exporters == ["otlp/traces", "loadbalancing/scoring"]
+    balancer = config["exporters"]["loadbalancing/scoring"]
+    assert balancer["routing_key"] == "traceID"
+    assert balancer["resolver"]["dns"] == {"hostname": "${env:SCORING_SERVICE_HOSTNAME}", "port": 4317}
+    otlp = balancer["protocol"]["otlp"]
+    assert otlp["retry_on_failure"]["enabled"] and otlp["sending_queue"]["enabled"]
+    assert config["exporters"]["otlp/traces"]["endpoint"] == "${env:TRACES_ENDPOINT}"
 
 
 @pytest.mark.parametrize("path", CONTRIB_CONFIGS, ids=lambda p: p.name)
