@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pytest
 from relevancy_tracer._phoenix import free_port
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.service.writer import EVALUATION_ID
-from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
+from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver, RedisServer
 
 from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env
 
@@ -170,27 +169,8 @@ def test_a_full_queue_refuses_with_retryable_codes_and_counts_it(server, backend
 @pytest.fixture
 def redis_url(tmp_path):
     """A redis-server on a free port, stopped after the test."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is installed by .ci/system-deps (make test)"
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise
-            time.sleep(0.05)
-    client.close()
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(10)
+    with RedisServer(str(tmp_path)) as redis_server:
+        yield redis_server.url
 
 
 def start_worker(redis_url: str, model: FakeOpenAIServer, backend: OTLPReceiver, log: Path, claim_idle: float = 2.0) -> subprocess.Popen:

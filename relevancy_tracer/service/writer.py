@@ -36,6 +36,10 @@ from .telemetry import ServiceTelemetry
 logger = logging.getLogger("relevancy_tracer")
 
 EVALUATION_ID = "relevancy.evaluation.id"
+#: Milliseconds the job waited between the receiver taking the span and its scoring starting.
+QUEUE_WAIT_MS = "relevancy.queue.wait_ms"
+#: The name of the span this EVALUATOR span scores.
+EVALUATED_SPAN_NAME = "relevancy.evaluated_span.name"
 
 
 class Scorer:
@@ -75,7 +79,7 @@ class Scorer:
         parent = SpanContext(int(request.trace_id, 16), int(request.span_id, 16), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
         now = time.time_ns()
         start = now - int((result.latency_ms if result is not None else 0.0) * 1e6)
-        span_attrs = {A.OPENINFERENCE_SPAN_KIND: A.SPAN_KIND_EVALUATOR, **attrs}
+        span_attrs = {A.OPENINFERENCE_SPAN_KIND: A.SPAN_KIND_EVALUATOR, **attrs, QUEUE_WAIT_MS: max(0.0, (start - request.received_ns) / 1e6), EVALUATED_SPAN_NAME: request.span_name}
         if capture:
             span_attrs.update(content_attributes(request.question, request.answer, None, self.settings.max_content_chars))
         tracer = self.telemetry.tracer(request.project)
