@@ -154,14 +154,8 @@ ANNOTATED_APP = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("capture", ["true", "false"])
-def test_scores_become_phoenix_span_annotations_upserted_by_evaluation_id(phoenix, server, capture):
-    """With ``phoenix_url`` set, each scored span gets one ``answer_relevancy`` annotation (the
-    badge Phoenix shows in its trace tree); writing it again with the same evaluation id
-    replaces it; with content capture off its metadata holds no generated question."""
-    from relevancy_tracer.phoenix import ANNOTATION_NAME, PhoenixClient
-
-    project = f"annotations-{capture}"
+def run_annotated_app(phoenix: PhoenixServer, server: FakeOpenAIServer, project: str, capture: str) -> list[dict]:
+    """Run ANNOTATED_APP with the Phoenix sink on; returns its answer span once stored."""
     env = subprocess_env(
         fake_model_env(server),
         OTEL_EXPORTER_OTLP_ENDPOINT=phoenix.url,
@@ -172,7 +166,18 @@ def test_scores_become_phoenix_span_annotations_upserted_by_evaluation_id(phoeni
     )
     proc = subprocess.run([sys.executable, "-c", ANNOTATED_APP], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    spans = phoenix.wait_for_spans(project, lambda s: len(s) == 1, timeout=60, name=["annotated_answer"])
+    return phoenix.wait_for_spans(project, lambda s: len(s) == 1, timeout=60, name=["annotated_answer"])
+
+
+@pytest.mark.parametrize("capture", ["true", "false"])
+def test_scores_become_phoenix_span_annotations_upserted_by_evaluation_id(phoenix, server, capture):
+    """With ``phoenix_url`` set, each scored span gets one ``answer_relevancy`` annotation (the
+    badge Phoenix shows in its trace tree); writing it again with the same evaluation id
+    replaces it; with content capture off its metadata holds no generated question."""
+    from relevancy_tracer.phoenix import ANNOTATION_NAME, PhoenixClient
+
+    project = f"annotations-{capture}"
+    spans = run_annotated_app(phoenix, server, project, capture)
     span_id = spans[0]["context"]["span_id"]
     client = PhoenixClient(phoenix.url)
     try:
@@ -223,3 +228,31 @@ def test_backfill_scores_stored_spans_once_and_a_second_run_scores_nothing(phoen
     finally:
         client.close()
     assert not (tmp_path / "cursor.json").exists()  # a finished run leaves no cursor to resume
+
+
+@pytest.mark.browser
+def test_phoenix_trace_tree_shows_the_annotation_badge(phoenix, server, tmp_path):
+    """Headless Chromium opens a trace whose answer span was annotated by the sink and finds
+    the ``answer_relevancy`` annotation with its label in the page. The screenshot goes to
+    RELEVANCY_TRACER_ANNOTATION_SCREENSHOT when set (the README's
+    examples/phoenix-annotation.png), else into the test's temp dir."""
+    from playwright.sync_api import sync_playwright
+
+    span = run_annotated_app(phoenix, server, "annotation-badge", "true")[0]
+    screenshot = Path(ANNOTATION_SCREENSHOT or tmp_path / "phoenix-annotation.png")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(phoenix.trace_url(span["context"]["trace_id"]), wait_until="networkidle", timeout=90000)
+            page.get_by_text("answer_relevancy").first.wait_for(timeout=60000)
+            body = page.inner_text("body")
+            assert "answer_relevancy" in body and f"{span['attributes']['relevancy.score']:.2f}" in body, body[:2000]
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(screenshot))
+        finally:
+            browser.close()
+    assert screenshot.stat().st_size > 10_000
+
+
+ANNOTATION_SCREENSHOT = os.environ.get("RELEVANCY_TRACER_ANNOTATION_SCREENSHOT")
