@@ -168,3 +168,14 @@ def tracing(otel, server):
 def finished_spans(otel, name=None):
     spans = otel.exporter.get_finished_spans()
     return [s for s in spans if name is None or s.name == name]
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory):
+    """A Phoenix server (OTLP/HTTP and gRPC, REST API, UI) on free ports, one per test module."""
+    from relevancy_tracer._phoenix import PhoenixServer, free_port
+
+    server = PhoenixServer(free_port(), free_port(), tmp_path_factory.mktemp("phoenix"))
+    server.start()
+    yield server
+    server.stop()

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -33,14 +34,6 @@ APP = textwrap.dedent(
     assert relevancy_tracer.shutdown(60)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def phoenix(tmp_path_factory):
-    server = PhoenixServer(free_port(), free_port(), tmp_path_factory.mktemp("phoenix"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def run_app(phoenix: PhoenixServer, project: str, protocol: str, model: FakeOpenAIServer) -> None:
@@ -122,7 +115,7 @@ def test_phoenix_ui_shows_the_relevancy_attributes(phoenix, server, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1100})
             page.goto(phoenix.trace_url(span["context"]["trace_id"]), wait_until="networkidle", timeout=90000)
-            page.get_by_text(span["name"]).last.click(timeout=60000)
+            page.get_by_test_id("trace-tree").get_by_text(span["name"]).first.click(timeout=60000)  # not the list behind the drawer
             page.get_by_role("tab", name="Attributes").first.click(timeout=60000)
             row = page.get_by_role("row").filter(has_text="relevancy.score")
             row.first.wait_for(timeout=60000)
@@ -238,7 +231,16 @@ def test_phoenix_trace_tree_shows_the_annotation_badge(phoenix, server, tmp_path
     examples/phoenix-annotation.png), else into the test's temp dir."""
     from playwright.sync_api import sync_playwright
 
+    from relevancy_tracer.phoenix import PhoenixClient
+
     span = run_annotated_app(phoenix, server, "annotation-badge", "true")[0]
+    client = PhoenixClient(phoenix.url)
+    try:  # the sink writes asynchronously: open the page once Phoenix has the annotation
+        deadline = time.monotonic() + 60
+        while not client.annotated_span_ids("annotation-badge", [span["context"]["span_id"]]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        client.close()
     screenshot = Path(ANNOTATION_SCREENSHOT or tmp_path / "phoenix-annotation.png")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)

@@ -31,7 +31,7 @@ from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env
 #: argv: number of OpenInference traces, number of GenAI traces.
 OTEL_ONLY_APP = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -41,6 +41,8 @@ OTEL_ONLY_APP = textwrap.dedent(
     assert "relevancy_tracer" not in sys.modules
     provider = TracerProvider(resource=Resource.create({"service.name": "otel-only-app", "openinference.project.name": "otel-only"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if os.environ.get("ALSO_EXPORT_TO"):  # a second backend (Phoenix), as a Collector fan-out would
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=os.environ["ALSO_EXPORT_TO"] + "/v1/traces")))
     tracer = provider.get_tracer("app")
     ids = []
     for i in range(int(sys.argv[1])):
@@ -66,8 +68,8 @@ OTEL_ONLY_APP = textwrap.dedent(
 )
 
 
-def run_otel_only_app(endpoint: str, openinference: int, genai: int) -> list[list[str]]:
-    env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+def run_otel_only_app(endpoint: str, openinference: int, genai: int, also_export_to: str = "") -> list[list[str]]:
+    env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", ALSO_EXPORT_TO=also_export_to)
     proc = subprocess.run([sys.executable, "-c", OTEL_ONLY_APP, str(openinference), str(genai)], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -173,9 +175,10 @@ def redis_url(tmp_path):
         yield redis_server.url
 
 
-def start_worker(redis_url: str, model: FakeOpenAIServer, backend: OTLPReceiver, log: Path, claim_idle: float = 2.0) -> subprocess.Popen:
+def start_worker(redis_url: str, model: FakeOpenAIServer, backend: OTLPReceiver, log: Path, claim_idle: float = 2.0, phoenix_url: str = "") -> subprocess.Popen:
     env = subprocess_env(
         fake_model_env(model),
+        RELEVANCY_TRACER_PHOENIX_URL=phoenix_url,
         OTEL_EXPORTER_OTLP_ENDPOINT=backend.http_endpoint,
         OTEL_METRICS_EXPORTER="none",
         RELEVANCY_TRACER_METHOD="ragas",
@@ -185,10 +188,12 @@ def start_worker(redis_url: str, model: FakeOpenAIServer, backend: OTLPReceiver,
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-def test_fleet_of_three_workers_loses_no_job_when_one_is_killed(server, backend, redis_url, tmp_path):
+def test_fleet_of_three_workers_loses_no_job_when_one_is_killed(server, backend, redis_url, phoenix, tmp_path):
     """serve --queue puts jobs on a Redis Stream; three worker processes consume it as one
     group; one is killed with SIGKILL mid-run; its taken jobs are reclaimed; every span is
-    scored and recorded done exactly once."""
+    scored, recorded done, and carries exactly one annotation in Phoenix."""
+    from relevancy_tracer.phoenix import ANNOTATION_NAME, PhoenixClient
+
     import redis
 
     from relevancy_tracer.service import ScoringService
@@ -196,9 +201,9 @@ def test_fleet_of_three_workers_loses_no_job_when_one_is_killed(server, backend,
     server.chat_delay = 0.1
     server.embedding_delay = 0.01
     service = ScoringService(openai_settings(server), queue_url=redis_url, http_port=0, grpc_port=None).start()
-    workers = [start_worker(redis_url, server, backend, tmp_path / f"worker{i}.log") for i in range(3)]
+    workers = [start_worker(redis_url, server, backend, tmp_path / f"worker{i}.log", phoenix_url=phoenix.url) for i in range(3)]
     try:
-        ids = run_otel_only_app(f"http://127.0.0.1:{service.server.http_port}", openinference=60, genai=0)
+        ids = run_otel_only_app(f"http://127.0.0.1:{service.server.http_port}", openinference=60, genai=0, also_export_to=phoenix.url)
         server.wait_for_requests("chat", 6, timeout=60)
         workers[0].kill()  # SIGKILL: its taken, unacknowledged jobs stay pending in the group
         workers[0].wait(10)
@@ -224,6 +229,22 @@ def test_fleet_of_three_workers_loses_no_job_when_one_is_killed(server, backend,
     assert all(summaries), outputs
     assert sum(int(m.group(3)) for m in summaries) >= 1, outputs  # the killed worker's jobs were reclaimed
     assert sum(int(m.group(4)) for m in summaries) == 0, outputs
+    phoenix.wait_for_spans("otel-only", lambda s: len(s) >= 60, timeout=60, name=["rag.answer"])
+    client = PhoenixClient(phoenix.url)
+    try:
+        span_ids = [span_id for _, _, span_id in ids]
+        deadline = time.monotonic() + 60
+        while True:  # the annotations were accepted before the spans arrived: Phoenix applies them as they do
+            annotations = []
+            for start in range(0, 60, 20):
+                page = client._request("GET", "/v1/projects/otel-only/span_annotations", params=[("span_ids", s) for s in span_ids[start : start + 20]] + [("limit", 1000)])
+                annotations += [a["span_id"] for a in page["data"] if a["name"] == ANNOTATION_NAME]
+            if sorted(annotations) == sorted(span_ids) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert sorted(annotations) == sorted(span_ids)  # exactly one each, even for reclaimed jobs
+    finally:
+        client.close()
 
 
 def test_app_through_rotel_to_serve(server, backend, tmp_path):
