@@ -314,7 +314,10 @@ def test_drift_alert_fires_and_resolves_end_to_end(tmp_path):
                 )
                 timings["good phase"] = time.monotonic() - started - timings["servers and app up"]
                 series = prometheus_query(prometheus, "span:relevancy_score:mean30m")
-                assert [labels for labels, _ in series] == [{"__name__": "span:relevancy_score:mean30m", "service_name": "alerting-e2e", "span_name": SPAN_NAME}]
+                # one series per traced function and evaluator (a 12-hex version hash)
+                (labels,) = [labels for labels, _ in series]
+                assert re.fullmatch(r"[0-9a-f]{12}", labels["relevancy_evaluator_version"])
+                assert {k: v for k, v in labels.items() if k != "relevancy_evaluator_version"} == {"__name__": "span:relevancy_score:mean30m", "service_name": "alerting-e2e", "span_name": SPAN_NAME}
                 assert series[0][1] == pytest.approx(GOOD, abs=1e-3)
                 assert scalar("span:relevancy_low_label:ratio1h") == 0
                 assert firing_alerts(prometheus) == set() and webhook.alerts() == []
@@ -329,6 +332,7 @@ def test_drift_alert_fires_and_resolves_end_to_end(tmp_path):
                     "severity": "critical",
                     "service_name": "alerting-e2e",
                     "span_name": SPAN_NAME,
+                    "relevancy_evaluator_version": labels["relevancy_evaluator_version"],  # says which evaluator scored low
                 }
                 mean = float(re.match(r"Mean answer relevancy of answer_question is ([0-9.]+) over 30m", firing["annotations"]["summary"]).group(1))
                 assert POOR - 0.01 <= mean < 0.6
