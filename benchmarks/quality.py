@@ -484,6 +484,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "quality.json")
     parser.add_argument("--out-md", type=Path, default=RESULTS / "quality.md")
     parser.add_argument("--plot", type=Path, default=RESULTS / "calibration.png")
+    parser.add_argument("--calibration-file", type=Path, default=None, help="also report each config with its raw score mapped by this calibration (labels from the calibrated thresholds)")
+    parser.add_argument("--components", default="", help="comma-separated component names reported alone, derived from the configs' records (e.g. ragas,judge)")
     args = parser.parse_args(argv)
 
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
@@ -504,8 +506,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     for record in read_records(args.records):
         if (record["set"], record["id"], record["cand"]) in wanted:
             by_config[record["config"]].append(record)
-    by_config["word_overlap"] = baseline_records(items)
+    scored = {(r["set"], r["id"], r["cand"]) for records in by_config.values() for r in records}
+    by_config["word_overlap"] = baseline_records([it for it in items if (it["set"], it["id"], it["cand"]) in scored])
     names = [n for n, _ in configs if n in by_config] if not args.report_only else sorted(by_config)
+    for name in [n for n in names if n != "word_overlap"]:
+        for component in filter(None, args.components.split(",")):
+            derived = f"{component} (component of {name})"
+            by_config[derived] = derive(by_config[name], {component: 1.0}, derived)
+            names.append(derived)
+        if args.calibration_file is not None:
+            from relevancy_tracer.config import PROBABILITY_THRESHOLDS
+            from relevancy_tracer.result import label_for
+            from relevancy_tracer.scoring.evaluator import load_calibration
+
+            calibration = load_calibration(str(args.calibration_file))
+            calibrated = f"{name} calibrated"
+            by_config[calibrated] = [
+                dict(r, config=calibrated, score=float(calibration(r["raw"])), label_name=label_for(float(calibration(r["raw"])), PROBABILITY_THRESHOLDS)[0]) if r.get("raw") is not None else dict(r, config=calibrated)
+                for r in by_config[name]
+            ]
+            names.insert(0, calibrated)
     if "word_overlap" not in names:
         names.append("word_overlap")
     reports = {name: config_report(by_config[name]) for name in names}
@@ -514,9 +534,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"sets": sets, "limit": args.limit, "reports": reports}, indent=1, default=str), encoding="utf-8")
     args.out_md.write_text(table + "\n", encoding="utf-8")
-    first = next((n for n in names if n != "word_overlap"), None)
+    first = next((n for n in names if n.endswith(" calibrated")), None) or next((n for n in names if n != "word_overlap"), None)
     if first is not None and any(r.get("score") is not None for r in by_config[first]):
-        reliability_plot(by_config[first], args.plot, f"relevancy-tracer {first}: calibration on the development sets")
+        reliability_plot(by_config[first], args.plot, f"{first}: reliability on the development sets")
     print(f"\nwritten: {args.out}, {args.out_md}, {args.plot}")
     return 0
 

@@ -1,0 +1,136 @@
+"""Fit the calibration shipped for the embedded default, from the quality benchmark's records.
+
+The calibrated score is meant as the probability that a person judges the answer as addressing
+the question. Its labelled data, all from ../shared/data (development sets only):
+
+* ``relevancy_human_en``: human judgements (1 = addresses; 0 = does not, or only partially);
+* ``relevancy_pairs_en`` / ``_zh``: each reference answer (1) and its incomplete, evasive,
+  off-topic and padded variants (0: by the human set's definition they do not, or only
+  partially, address the question);
+* ``wikieval_dev``: the answer (1) and the poor answer (0).
+
+Both kinds (Platt, isotonic) are cross-validated (5 folds, rows of one question kept together);
+the one with the lower pooled expected calibration error is fitted on every row and written with
+the raw fingerprint of the default evaluator, so ``calibration=auto`` picks it up exactly when the
+method, prompts, models and decoding are the ones it was fitted for.
+
+    python benchmarks/fit_calibration.py --config ragas_judge
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from relevancy_tracer.config import Settings  # noqa: E402
+from relevancy_tracer.scoring.calibration import (  # noqa: E402
+    auroc,
+    balanced_accuracy,
+    cross_validated,
+    expected_calibration_error,
+    fit_calibration,
+    reliability_table,
+)
+from relevancy_tracer.scoring.engine import Engine  # noqa: E402
+from relevancy_tracer.scoring.evaluator import DEFAULT_THRESHOLDS, PROBABILITY_THRESHOLDS, evaluator_version  # noqa: E402
+
+SHIPPED = HERE.parent / "relevancy_tracer" / "calibrations"
+
+
+def load(records_path: Path, config: str) -> list[dict]:
+    latest: dict[tuple, dict] = {}
+    for line in records_path.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        if r.get("config") == config and r.get("raw") is not None and r.get("status") == "scored":
+            latest[(r["set"], r["id"], r["cand"])] = r
+    return list(latest.values())
+
+
+def summary(probs: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+    if mask.sum() < 10:
+        return {}
+    return {
+        "rows": int(mask.sum()),
+        "ece": round(expected_calibration_error(probs[mask], labels[mask]), 3),
+        "mean_probability": round(float(probs[mask].mean()), 3),
+        "observed": round(float(labels[mask].mean()), 3),
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="ragas_judge", help="config name in the records (the default method's run)")
+    parser.add_argument("--records", type=Path, default=HERE / "results" / "quality_records.jsonl")
+    parser.add_argument("--out", type=Path, default=None, help="default: relevancy_tracer/calibrations/<method>-local.json")
+    parser.add_argument("--report", type=Path, default=HERE / "results" / "calibration.json")
+    args = parser.parse_args(argv)
+
+    records = load(args.records, args.config)
+    raw = np.asarray([r["raw"] for r in records], dtype=float)
+    labels = np.asarray([int(r["label"]) for r in records])
+    groups = [f"{r['set']}:{r['id']}" for r in records]
+    sets = np.asarray([r["set"] for r in records])
+    settings = Settings.resolve(environ={}, llm="local", embeddings="local")
+    engine = Engine(settings)
+    models = engine.models
+    fingerprint = engine.raw_fingerprint(settings, models)
+    expected_version = evaluator_version(fingerprint, None, DEFAULT_THRESHOLDS)
+    versions = {r.get("evaluator_version") for r in records}
+    if versions != {expected_version}:
+        print(f"records were scored by evaluator(s) {sorted(map(str, versions))}, the uncalibrated default is {expected_version}: rerun the benchmark", file=sys.stderr)
+        return 2
+
+    report: dict[str, Any] = {"config": args.config, "rows": len(records), "positives": int(labels.sum()), "auroc_raw": round(auroc(raw, labels), 3), "kinds": {}}
+    best = None
+    for kind in ("platt", "isotonic"):
+        probs = cross_validated(raw, labels, kind, folds=5, groups=groups)
+        entry = {
+            "pooled": summary(probs, labels, np.ones(len(labels), bool)),
+            "human": summary(probs, labels, sets == "human"),
+            "pairs": summary(probs, labels, np.isin(sets, ["pairs_en", "pairs_zh"])),
+            "wikieval": summary(probs, labels, sets == "wikieval"),
+            "label_balanced_accuracy_human": round(balanced_accuracy(probs[sets == "human"] >= PROBABILITY_THRESHOLDS[0], labels[sets == "human"]), 3) if (sets == "human").any() else None,
+            "label_balanced_accuracy_pooled": round(balanced_accuracy(probs >= PROBABILITY_THRESHOLDS[0], labels), 3),
+            "reliability": reliability_table(probs, labels),
+        }
+        report["kinds"][kind] = entry
+        if best is None or entry["pooled"]["ece"] < report["kinds"][best]["pooled"]["ece"]:
+            best = kind
+        print(f"{kind:8s} cross-validated ECE: pooled {entry['pooled']['ece']:.3f}, human {entry['human'].get('ece', float('nan')):.3f}, pairs {entry['pairs'].get('ece', float('nan')):.3f}; label balanced accuracy pooled {entry['label_balanced_accuracy_pooled']:.3f}, human {entry['label_balanced_accuracy_human']}")
+    assert best is not None
+    sources = sorted(set(sets.tolist()))
+    calibration = fit_calibration(
+        raw,
+        labels,
+        best,
+        method=settings.method,
+        models=(models.llm.name, models.embedder.name if models.embedder else ""),
+        fitted_on={
+            "raw_fingerprint": fingerprint,
+            "source": "../shared/data dev sets: " + ", ".join(sources) + " (benchmarks/fit_calibration.py)",
+            "rows": int(len(raw)),
+            "positives": int(labels.sum()),
+        },
+        metrics={"auroc": report["auroc_raw"], "ece_cross_validated": report["kinds"][best]["pooled"]["ece"], "folds": 5},
+    )
+    report["chosen"] = best
+    report["fingerprint"] = fingerprint
+    out = args.out or SHIPPED / f"{settings.method}-local.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(calibration.to_json() + "\n", encoding="utf-8")
+    args.report.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    grid = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]
+    print(f"chosen: {best}; written {out}; raw -> probability: " + ", ".join(f"{x:.2f}->{float(calibration(x)):.2f}" for x in grid))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
