@@ -14,7 +14,10 @@ the one with the lower pooled expected calibration error is fitted on every row 
 the raw fingerprint of the default evaluator, so ``calibration=auto`` picks it up exactly when the
 method, prompts, models and decoding are the ones it was fitted for.
 
-    python benchmarks/fit_calibration.py --config ragas_judge
+    python benchmarks/fit_calibration.py --config ragas_judge [--recompute-raw]
+
+``--recompute-raw`` refits after a change of ragas_judge's combination only: the records'
+components are the same model calls' outputs, so their raw scores are recomputed exactly.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 from relevancy_tracer.config import Settings  # noqa: E402
 from relevancy_tracer.scoring.calibration import (  # noqa: E402
@@ -71,9 +75,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--records", type=Path, default=HERE / "results" / "quality_records.jsonl")
     parser.add_argument("--out", type=Path, default=None, help="default: relevancy_tracer/calibrations/<method>-local.json")
     parser.add_argument("--report", type=Path, default=HERE / "results" / "calibration.json")
+    parser.add_argument("--recompute-raw", action="store_true", help="raw recomputed from the records' components by the current ragas_judge combination (the records' own evaluator version then differs by the combination only)")
     args = parser.parse_args(argv)
 
     records = load(args.records, args.config)
+    if args.recompute_raw:
+        from quality import recompute_ragas_judge
+
+        records = recompute_ragas_judge(records)
     raw = np.asarray([r["raw"] for r in records], dtype=float)
     labels = np.asarray([int(r["label"]) for r in records])
     groups = [f"{r['set']}:{r['id']}" for r in records]
@@ -84,7 +93,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     fingerprint = engine.raw_fingerprint(settings, models)
     expected_version = evaluator_version(fingerprint, None, DEFAULT_THRESHOLDS)
     versions = {r.get("evaluator_version") for r in records}
-    if versions != {expected_version}:
+    if versions != {expected_version} and not args.recompute_raw:
         print(f"records were scored by evaluator(s) {sorted(map(str, versions))}, the uncalibrated default is {expected_version}: rerun the benchmark", file=sys.stderr)
         return 2
 

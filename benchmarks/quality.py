@@ -367,6 +367,22 @@ def derive(records: list[dict], weights: dict[str, float], name: str) -> list[di
     return out
 
 
+def recompute_ragas_judge(records: list[dict]) -> list[dict]:
+    """Records of ``ragas_judge`` with ``raw`` recomputed from their components by the current
+    :func:`~relevancy_tracer.scoring.methods.ragas_judge_raw` (a change of the combination needs
+    no new model calls: the components are the same calls' outputs). ``score`` = raw."""
+    from relevancy_tracer.scoring.methods import ragas_judge_raw
+
+    out = []
+    for r in records:
+        c = r.get("components") or {}
+        if r.get("raw") is not None and all(c.get(k) is not None for k in ("judge", "topicality", "ragas")):
+            raw = ragas_judge_raw(c["judge"], c["topicality"], c["ragas"])
+            r = dict(r, raw=raw, score=raw)
+        out.append(r)
+    return out
+
+
 def with_calibration(records: list[dict], kind: str = "platt") -> list[dict]:
     """``score`` = the raw score mapped by a calibration fitted on the human set of these
     records (out of sample for the pair sets; the human-set ECE is cross-validated separately)."""
@@ -485,6 +501,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out-md", type=Path, default=RESULTS / "quality.md")
     parser.add_argument("--plot", type=Path, default=RESULTS / "calibration.png")
     parser.add_argument("--calibration-file", type=Path, default=None, help="also report each config with its raw score mapped by this calibration (labels from the calibrated thresholds)")
+    parser.add_argument("--recompute-raw", action="store_true", help="ragas_judge records: raw recomputed from the stored components by the current combination")
     parser.add_argument("--components", default="", help="comma-separated component names reported alone, derived from the configs' records (e.g. ragas,judge)")
     args = parser.parse_args(argv)
 
@@ -506,6 +523,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for record in read_records(args.records):
         if (record["set"], record["id"], record["cand"]) in wanted:
             by_config[record["config"]].append(record)
+    if args.recompute_raw:
+        for name in list(by_config):
+            by_config[name] = recompute_ragas_judge(by_config[name])
     scored = {(r["set"], r["id"], r["cand"]) for records in by_config.values() for r in records}
     by_config["word_overlap"] = baseline_records([it for it in items if (it["set"], it["id"], it["cand"]) in scored])
     names = [n for n, _ in configs if n in by_config] if not args.report_only else sorted(by_config)

@@ -173,12 +173,24 @@ def test_ragas_judge_continues_the_question_conversation_and_combines_its_compon
     assert "The user's actual question was" in judge_request[3]["content"] and Q in judge_request[3]["content"]
     embed_inputs = server.requests_to("embeddings")[0]["input"]
     assert embed_inputs == [Q, "Where is France?", "What is the capital of France?", "Is Paris in France?", A]  # one request
-    judge, topicality = result.components["judge"], result.components["topicality"]
+    judge, topicality, ragas = result.components["judge"], result.components["topicality"], result.components["ragas"]
     assert judge == pytest.approx(0.8)  # the fake server's digit distribution, as for `direct`
-    expected = (RAGAS_JUDGE["judge_weight"] * judge + RAGAS_JUDGE["topicality_weight"] * min(topicality, RAGAS_JUDGE["cap"])) / (
+    topical = min(max(topicality, ragas), RAGAS_JUDGE["cap"])  # the larger of the two topical views
+    expected = (RAGAS_JUDGE["judge_weight"] * judge + RAGAS_JUDGE["topicality_weight"] * topical) / (
         RAGAS_JUDGE["judge_weight"] + RAGAS_JUDGE["topicality_weight"] * RAGAS_JUDGE["cap"]
     )
     assert result.raw_score == pytest.approx(expected)
+
+
+def test_ragas_judge_topical_signal_is_the_larger_embedding_view():
+    """An answer the embedder places far from its question (a programming keyword it does not
+    know) keeps its topical credit when the generated questions restate the topic; an answer
+    far on both views gets none."""
+    from relevancy_tracer.scoring.methods import ragas_judge_raw
+
+    assert ragas_judge_raw(0.84, 0.09, 0.52) == pytest.approx(ragas_judge_raw(0.84, 0.52, 0.09)) == pytest.approx((0.5 * 0.84 + 2.0 * 0.4) / 1.3)
+    assert ragas_judge_raw(0.84, 0.05, 0.1) < ragas_judge_raw(0.84, 0.09, 0.52) - 0.3
+    assert ragas_judge_raw(1.0, 0.9, 0.9) == pytest.approx(1.0) and ragas_judge_raw(0.0, 0.0, 0.0) == 0.0
 
 
 def test_ragas_judge_ranks_an_off_topic_answer_below_an_answer(server):

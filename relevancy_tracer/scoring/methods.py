@@ -390,7 +390,26 @@ async def ragas_intent(ctx: EvalContext) -> MethodOutput:
 #: cap``), so raw lies in [0, 1] for non-negative similarities. The cap makes topicality a floor
 #: check: similarity above it says nothing more (on-topic answers vary in depth, which the
 #: judge rates), below it marks evasive, off-topic and padded answers.
-RAGAS_JUDGE = {"judge_weight": 0.5, "topicality_weight": 2.0, "cap": 0.4}
+#: ragas_judge's combination (part of the evaluator fingerprint): raw = (judge_weight * judge +
+#: topicality_weight * min(topical, cap)) / (judge_weight + topicality_weight * cap), where
+#: ``topical`` is the larger of the answer's similarity to the question and the RAGAS score.
+RAGAS_JUDGE = {"judge_weight": 0.5, "topicality_weight": 2.0, "cap": 0.4, "topical": "max(answer_similarity, ragas)"}
+
+
+def ragas_judge_raw(judge: float, answer_similarity: float, ragas: float) -> float:
+    """ragas_judge's raw score in [0, 1] from its components (see :data:`RAGAS_JUDGE`).
+
+    The topical signal is the larger of two embedding views of "is this answer about the
+    question": the answer's own similarity to it, and the RAGAS score (the questions the answer
+    answers, against the question asked). Either alone has blind spots (the multilingual USE
+    embeds "What does the with statement do?" far from a correct answer about context managers,
+    0.09, while the generated questions restate the topic, 0.52); an evasive or off-topic answer
+    scores low on both. Capped, so above the cap the judge decides. Chosen on the development
+    sets (README, "Methods"); the components are kept on every result.
+    """
+    topical = min(max(answer_similarity, ragas), RAGAS_JUDGE["cap"])
+    numerator = RAGAS_JUDGE["judge_weight"] * judge + RAGAS_JUDGE["topicality_weight"] * topical
+    return numerator / (RAGAS_JUDGE["judge_weight"] + RAGAS_JUDGE["topicality_weight"] * RAGAS_JUDGE["cap"])
 
 
 async def judge_after_questions(ctx: EvalContext) -> float:
@@ -407,16 +426,14 @@ async def judge_after_questions(ctx: EvalContext) -> float:
 async def ragas_judge(ctx: EvalContext) -> MethodOutput:
     """The default: RAGAS reverse-generated questions (evidence, and context for the judge), a
     1-5 judgement of how well the answer addresses the question asked after them, and the
-    answer's topicality (embedding similarity to the question, capped), combined by
-    :data:`RAGAS_JUDGE`. Two chat requests and one embeddings request per evaluation."""
+    answer's topicality (the larger of its embedding similarity to the question and the RAGAS
+    score, capped), combined by :func:`ragas_judge_raw`. Two chat requests and one embeddings request per evaluation."""
     questions, flags = await _questions(ctx)
     judged = await judge_after_questions(ctx)
     sims = await embedding_similarities(ctx, list(questions) + [ctx.answer])
     question_sims, answer_sim = sims[:-1], float(sims[-1])
     ragas_score = apply_noncommittal(question_sims, flags, ctx.settings.noncommittal)
-    topicality = min(answer_sim, RAGAS_JUDGE["cap"])
-    numerator = RAGAS_JUDGE["judge_weight"] * judged + RAGAS_JUDGE["topicality_weight"] * topicality
-    raw = numerator / (RAGAS_JUDGE["judge_weight"] + RAGAS_JUDGE["topicality_weight"] * RAGAS_JUDGE["cap"])
+    raw = ragas_judge_raw(judged, answer_sim, ragas_score)
     return MethodOutput(
         score=raw,
         generated_questions=questions,
