@@ -146,7 +146,8 @@ class BackgroundLoop:
 
         Raises :class:`LoopStartError` when the loop cannot be started.
         """
-        return asyncio.run_coroutine_threadsafe(_call(factory), self.loop())
+        loop = self.loop()  # first: a failed start must not leave an un-awaited coroutine behind
+        return asyncio.run_coroutine_threadsafe(_call(factory), loop)
 
     def run(self, factory: Callable[[], Awaitable[T]], timeout: Optional[float] = None) -> T:
         """Run ``factory()`` on the loop and wait for its result (blocking the caller)."""

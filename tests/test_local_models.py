@@ -36,6 +36,7 @@ ZH_ANSWER = (
     "那些州的母婴健康支持也较弱,母亲死亡率较高,儿童贫困率也较高。此外,裁决的影响超出了国界,由于美国在全球的地缘政治和文化影响力,"
     "这一裁决也产生了跨国影响。全球的组织和活动家担心这一裁决可能会激励其他国家出台反堕胎的立法和政策。"
 )
+ZH_OFF_TOPIC = "巴黎是法国的首都,位于塞纳河畔,以埃菲尔铁塔和卢浮宫闻名。"
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +71,15 @@ def test_i_dont_know_scores_lowest(seed_results):
     assert idk.score < 0.4 and idk.label == "does_not_address"
 
 
-def test_chinese_answer_scores_high_with_chinese_questions(seed_results):
+def test_chinese_answer_addresses_its_question_with_chinese_questions(seed_results, local_engine):
+    """Seed 003: a Chinese answer that addresses its question is labelled as addressing it
+    (calibrated bands: >= 0.3 at least partially) and clearly outscores a fluent Chinese answer
+    to another question."""
     zh = seed_results["zh"]
-    assert zh.score >= 0.6, zh
+    off_topic = local_engine.score(ZH_QUESTION, ZH_OFF_TOPIC)
+    assert off_topic.status == Status.SCORED, off_topic.error
+    assert zh.label in ("directly_addresses", "partially_addresses") and zh.score >= 0.3, zh
+    assert off_topic.label == "does_not_address" and zh.score > off_topic.score + 0.25, (zh.score, off_topic.score)
     han = sum(1 for q in zh.generated_questions for ch in q if "\u4e00" <= ch <= "\u9fff")
     assert han > 10 * len(zh.generated_questions), zh.generated_questions
 
