@@ -142,19 +142,22 @@ class CountingProxy(_Server):
             return list(self.records[mark:])
 
 
-def start_llama_server(gguf: Path, threads: int, n_ctx: int) -> tuple[subprocess.Popen, str]:
-    """llama-cpp-python's OpenAI-compatible server on a free port; waits until it answers."""
+def start_llama_server(gguf: Path, threads: int, n_ctx: int, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """llama-cpp-python's OpenAI-compatible server on a free port, its output in ``log_path``;
+    waits until it answers."""
     from relevancy_tracer._phoenix import free_port
 
     port = free_port()
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx), "--model_alias", "qwen2.5-coder-1.5b"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # llama.cpp logs a lot while loading: to a file, never to an undrained pipe (which blocks it)
+    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process by the caller
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"llama_cpp.server exited: {process.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"llama_cpp.server exited: {log_path.read_text(errors='replace')[-2000:]}")
         try:
             with urllib.request.urlopen(url + "/models", timeout=2):  # noqa: S310 - local URL
                 return process, url
@@ -206,7 +209,7 @@ def ragas_worker(args: argparse.Namespace) -> int:
 
 def run_ragas(items: list[dict], gguf: Path, threads: int, embedding_model: str, work: Path) -> tuple[list[dict], list[dict]]:
     embeddings = EmbeddingsServer(embedding_model)
-    server, url = start_llama_server(gguf, threads, 4096)
+    server, url = start_llama_server(gguf, threads, 4096, work / "llama_server.log")
     proxy = CountingProxy(url)
     try:
         items_path, results_path = work / "ragas_items.json", work / "ragas_results.json"
