@@ -18,6 +18,11 @@ method, prompts, models and decoding are the ones it was fitted for.
 
 ``--recompute-raw`` refits after a change of ragas_judge's combination only: the records'
 components are the same model calls' outputs, so their raw scores are recomputed exactly.
+
+``--evaluate FILE --held-out human=100,pairs_en=30,pairs_zh=20`` fits nothing: it reports the
+expected calibration error (with a bootstrap interval over questions), AUROC and the label's
+balanced accuracy of an existing calibration on the records *outside* the first N rows of each
+set (the benchmark's fixed hash order), i.e. rows that calibration was not fitted on.
 """
 
 from __future__ import annotations
@@ -69,6 +74,36 @@ def summary(probs: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> dict[str
     }
 
 
+def evaluate_held_out(records: list[dict], calibration_path: Path, fitted_limits: dict[str, int]) -> int:
+    """Print ECE [95% CI], AUROC and label balanced accuracy of ``calibration_path`` on the
+    records outside the first ``fitted_limits[set]`` rows of each set (hash order)."""
+    from quality import _ci, load_items
+
+    from relevancy_tracer.scoring.evaluator import load_calibration
+
+    calibration = load_calibration(str(calibration_path))
+    fitted = {(it["set"], it["id"]) for name, limit in fitted_limits.items() for it in load_items([name], limit)}
+    held = [r for r in records if (r["set"], r["id"]) not in fitted]
+    print(f"{calibration_path.name}: {len(held)} held-out scored rows (fitted on the first {fitted_limits} rows of each set)")
+    kinds = {"pooled": lambda r: True, "human": lambda r: r["set"] == "human", "pairs_en": lambda r: r["set"] == "pairs_en", "pairs_zh": lambda r: r["set"] == "pairs_zh"}
+    for name, keep in kinds.items():
+        rows = [r for r in held if keep(r)]
+        if len(rows) < 10:
+            continue
+        probs = np.asarray([float(calibration(r["raw"])) for r in rows])
+        labels = np.asarray([int(r["label"]) for r in rows])
+        groups = [f"{r['set']}:{r['id']}" for r in rows]
+        ece = expected_calibration_error(probs, labels)
+        ci = _ci(lambda idx: expected_calibration_error(probs[idx], labels[idx]), len(rows), groups=groups)
+        both = 0 < labels.sum() < len(labels)
+        print(
+            f"  {name:9s} n={len(rows):4d} positives={int(labels.sum()):4d} ECE {ece:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+            f" mean probability {probs.mean():.3f} observed {labels.mean():.3f}"
+            + (f" AUROC {auroc(probs, labels):.3f} label balanced accuracy {balanced_accuracy(probs >= PROBABILITY_THRESHOLDS[0], labels):.3f}" if both else "")
+        )
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="ragas_judge", help="config name in the records (the default method's run)")
@@ -76,6 +111,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: relevancy_tracer/calibrations/<method>-local.json")
     parser.add_argument("--report", type=Path, default=HERE / "results" / "calibration.json")
     parser.add_argument("--recompute-raw", action="store_true", help="raw recomputed from the records' components by the current ragas_judge combination (the records' own evaluator version then differs by the combination only)")
+    parser.add_argument("--evaluate", type=Path, default=None, help="a calibration file to evaluate on held-out rows (fits nothing)")
+    parser.add_argument("--held-out", default="human=100,pairs_en=30,pairs_zh=20,wikieval=10", help="with --evaluate: SET=N, the first N rows of each set were the fit's; the rest are evaluated")
     args = parser.parse_args(argv)
 
     records = load(args.records, args.config)
@@ -83,6 +120,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         from quality import recompute_ragas_judge
 
         records = recompute_ragas_judge(records)
+    if args.evaluate is not None:
+        return evaluate_held_out(records, args.evaluate, dict((k, int(v)) for k, v in (part.split("=") for part in args.held_out.split(","))))
     raw = np.asarray([r["raw"] for r in records], dtype=float)
     labels = np.asarray([int(r["label"]) for r in records])
     groups = [f"{r['set']}:{r['id']}" for r in records]
