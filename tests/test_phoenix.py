@@ -174,8 +174,15 @@ def test_scores_become_phoenix_span_annotations_upserted_by_evaluation_id(phoeni
     span_id = spans[0]["context"]["span_id"]
     client = PhoenixClient(phoenix.url)
     try:
-        page = client._request("GET", f"/v1/projects/{project}/span_annotations", params=[("span_ids", span_id)])
-        annotations = [a for a in page["data"] if a["name"] == ANNOTATION_NAME]
+        # The sink posts with sync=false: Phoenix accepts at once and applies the annotation when
+        # its span is stored, postponing and retrying meanwhile; wait for it to be applied.
+        deadline = time.monotonic() + 60
+        while True:
+            page = client._request("GET", f"/v1/projects/{project}/span_annotations", params=[("span_ids", span_id)])
+            annotations = [a for a in page["data"] if a["name"] == ANNOTATION_NAME]
+            if annotations or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
         assert len(annotations) == 1, page
         annotation = annotations[0]
         assert annotation["annotator_kind"] == "LLM" and annotation["result"]["score"] == spans[0]["attributes"]["relevancy.score"]
