@@ -47,8 +47,8 @@ depth and the number of spans already ended.
 
 Usage::
 
-    /work/venv-bench/bin/python benchmarks/overhead.py            # 200k timed calls per variant, 1M-call RSS run
-    /work/venv-bench/bin/python benchmarks/overhead.py --quick    # 20k calls per variant, 100k-call RSS run
+    .venv-bench/bin/python benchmarks/overhead.py            # 200k timed calls per variant, 1M-call RSS run
+    .venv-bench/bin/python benchmarks/overhead.py --quick    # 20k calls per variant, 100k-call RSS run
 
 Writes benchmarks/results/overhead.json (or ``--out``).
 """
@@ -70,6 +70,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve().parent
+
+
+def _relative(path: Path) -> str:
+    """``path`` relative to the repository root when inside it (results name no machine's paths)."""
+    try:
+        return str(path.resolve().relative_to(HERE.parent))
+    except ValueError:
+        return str(path)
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 
 # No network exporters, no telemetry, no auto-instrumentation, for every library in the process.
@@ -634,7 +642,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
         "versions": versions,
-        "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not k.startswith("child")},
+        "parameters": {k: (_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not k.startswith("child")},
         "timings": timings,
         "memory": memory,
         "targets": targets,

@@ -28,6 +28,16 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikieval_dev.jsonl"
 
 
+def _commit(package_dir: Path) -> str:
+    """The git commit the scored package was checked out at (names no machine's path)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=package_dir, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return package_dir.name
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", default="current")
@@ -72,7 +82,7 @@ def main() -> int:
     pairs = sum(1.0 if g > p else 0.5 if g == p else 0.0 for g, p in zip([r.score for r in results[0::2]], [r.score for r in results[1::2]]) if g is not None and p is not None)
     out = {
         "label": args.label,
-        "code": str(Path(relevancy_tracer.__file__).parent),
+        "code": _commit(Path(relevancy_tracer.__file__).parent),
         "method": settings.method,
         "concurrency": settings.concurrency,
         "evaluations": len(rows),

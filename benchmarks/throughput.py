@@ -29,8 +29,8 @@ rotated each round; the reported rate is the median round.
 
 Usage::
 
-    /work/venv-bench/bin/python benchmarks/throughput.py            # 200 rows x 5 rounds
-    /work/venv-bench/bin/python benchmarks/throughput.py --quick    # 40 rows x 1 round
+    .venv-bench/bin/python benchmarks/throughput.py            # 200 rows x 5 rounds
+    .venv-bench/bin/python benchmarks/throughput.py --quick    # 40 rows x 1 round
 
 Writes benchmarks/results/throughput.json (or ``--out``).
 """
@@ -57,6 +57,14 @@ os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")  # ragas's usage analytics: 
 os.environ.setdefault("OPENAI_API_KEY", "benchmark-key")  # the fake server accepts any key
 
 HERE = Path(__file__).resolve().parent
+
+
+def _relative(path: Path) -> str:
+    """``path`` relative to the repository root when inside it (results name no machine's paths)."""
+    try:
+        return str(path.resolve().relative_to(HERE.parent))
+    except ValueError:
+        return str(path)
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 
 from relevancy_tracer.testing import FakeOpenAIServer, count_tokens, default_chat_reply  # noqa: E402
@@ -511,7 +519,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "versions": versions,
-        "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "parameters": {k: (_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "results": results,
         "ratios": ratios,
         "batches": batches,
