@@ -43,14 +43,9 @@ from typing import Any, Optional
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _paths import relative  # noqa: E402
 
-
-def _relative(path: Path) -> str:
-    """``path`` relative to the repository root when inside it (results name no machine's paths)."""
-    try:
-        return str(path.resolve().relative_to(HERE.parent))
-    except ValueError:
-        return str(path)
 sys.path.insert(0, str(HERE.parent))
 
 from relevancy_tracer.phoenix import evaluation_id  # noqa: E402
@@ -276,7 +271,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "benchmark": "fleet",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
-        "parameters": {k: _relative(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "parameters": {k: relative(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "scaling": runs,
         "ratio_largest_to_smallest": round(ratio, 2),
         "overload": overload,

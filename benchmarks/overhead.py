@@ -70,14 +70,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _paths import relative  # noqa: E402
 
-
-def _relative(path: Path) -> str:
-    """``path`` relative to the repository root when inside it (results name no machine's paths)."""
-    try:
-        return str(path.resolve().relative_to(HERE.parent))
-    except ValueError:
-        return str(path)
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 
 # No network exporters, no telemetry, no auto-instrumentation, for every library in the process.
@@ -642,7 +637,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
         "versions": versions,
-        "parameters": {k: (_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not k.startswith("child")},
+        "parameters": {k: (relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not k.startswith("child")},
         "timings": timings,
         "memory": memory,
         "targets": targets,

@@ -57,14 +57,9 @@ os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")  # ragas's usage analytics: 
 os.environ.setdefault("OPENAI_API_KEY", "benchmark-key")  # the fake server accepts any key
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _paths import relative  # noqa: E402
 
-
-def _relative(path: Path) -> str:
-    """``path`` relative to the repository root when inside it (results name no machine's paths)."""
-    try:
-        return str(path.resolve().relative_to(HERE.parent))
-    except ValueError:
-        return str(path)
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 
 from relevancy_tracer.testing import FakeOpenAIServer, count_tokens, default_chat_reply  # noqa: E402
@@ -519,7 +514,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "versions": versions,
-        "parameters": {k: (_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "parameters": {k: (relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "results": results,
         "ratios": ratios,
         "batches": batches,
