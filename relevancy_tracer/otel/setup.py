@@ -149,6 +149,24 @@ def _span_exporter(name: str) -> Any:
     return HTTPSpanExporter()
 
 
+def metric_readers(problems: list[str]) -> list[tuple[str, Any]]:
+    """(exporter name, metric reader) for each name in ``OTEL_METRICS_EXPORTER`` except
+    ``none``; an exporter that cannot be created is skipped and described in ``problems``
+    (never raised: start-up does not fail for the environment)."""
+    out = []
+    for name in _exporter_names("OTEL_METRICS_EXPORTER", METRIC_EXPORTERS, problems):
+        if name == "none":
+            continue
+        try:
+            reader = _metric_reader(name, problems)
+        except Exception as exc:
+            problems.append(f"OTEL_METRICS_EXPORTER={name}: cannot create the exporter ({type(exc).__name__}: {exc}); metrics are not exported")
+            reader = None
+        if reader is not None:
+            out.append((name, reader))
+    return out
+
+
 def _metric_reader(name: str, problems: list[str]) -> Optional[Any]:
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 
@@ -224,17 +242,9 @@ def install_providers() -> OwnedProviders:
             from opentelemetry.sdk.metrics import MeterProvider
 
             readers = []
-            for name in _exporter_names("OTEL_METRICS_EXPORTER", METRIC_EXPORTERS, problems):
-                if name == "none":
-                    continue
-                try:
-                    reader = _metric_reader(name, problems)
-                except Exception as exc:
-                    problems.append(f"OTEL_METRICS_EXPORTER={name}: cannot create the exporter ({type(exc).__name__}: {exc}); metrics are not exported")
-                    reader = None
-                if reader is not None:
-                    readers.append(reader)
-                    owned.exporters.append(f"metrics: {name}" + (f" {_protocol('METRICS')}" if name == "otlp" else ""))
+            for name, reader in metric_readers(problems):
+                readers.append(reader)
+                owned.exporters.append(f"metrics: {name}" + (f" {_protocol('METRICS')}" if name == "otlp" else ""))
             meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=score_views())
             metrics.set_meter_provider(meter_provider)
             owned.meter_provider = meter_provider

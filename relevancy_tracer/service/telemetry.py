@@ -20,7 +20,7 @@ from collections import OrderedDict
 from typing import Any, Optional
 
 from ..otel.metrics import RelevancyMetrics, score_views
-from ..otel.setup import METRIC_EXPORTERS, TRACE_EXPORTERS, _exporter_names, _metric_reader, _protocol, _span_exporter, _warn_once, bounded
+from ..otel.setup import TRACE_EXPORTERS, _exporter_names, _protocol, _span_exporter, _warn_once, bounded, metric_readers
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -64,16 +64,7 @@ class ServiceTelemetry:
                     self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(_log_exporter(name)))
                 except Exception as exc:
                     problems.append(f"OTEL_LOGS_EXPORTER={name}: cannot create the exporter ({exc})")
-        readers = []
-        for name in _exporter_names("OTEL_METRICS_EXPORTER", METRIC_EXPORTERS, problems):
-            if name != "none":
-                try:
-                    reader = _metric_reader(name, problems)
-                except Exception as exc:
-                    problems.append(f"OTEL_METRICS_EXPORTER={name}: cannot create the exporter ({exc})")
-                    reader = None
-                if reader is not None:
-                    readers.append(reader)
+        readers = [reader for _, reader in metric_readers(problems)]
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=score_views())
         for problem in problems:
             _warn_once(problem)
