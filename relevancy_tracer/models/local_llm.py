@@ -7,11 +7,11 @@ concatenated in order they form the GGUF file). Faster, weaker: Qwen2.5-Coder-0.
 
 The assembled file is verified against a pinned sha256 and cached under the user's cache
 directory (``RELEVANCY_TRACER_CACHE_DIR``, else ``$XDG_CACHE_HOME/relevancy-tracer``, else
-``~/.cache/relevancy-tracer``). The model loads lazily, once, on first use; inference is
-serialised by a lock so the model is safe to call from the worker thread and from any other.
-Decoding runs in :class:`~relevancy_tracer.models.local_decoding.Decoder`: KV-cache slots reuse
-shared prompt prefixes, each reply's JSON opening is forced, a judge's score is read as a digit
-distribution from one forward pass, and generation stops when the JSON value closes.
+``~/.cache/relevancy-tracer``). The model loads lazily, once, on first use, and is safe to call from any thread.
+Decoding runs in :class:`~relevancy_tracer.models.local_decoding.Decoder`, one scheduler thread
+per model: concurrent requests share each llama.cpp decode call (continuous batching), KV-cache
+slots reuse shared prompt prefixes, each reply's JSON opening is forced, a judge's score is read
+as a digit distribution from one forward pass, and generation stops when the JSON value closes.
 
 llama.cpp is built with OpenMP; on a shared 2-core machine busy-waiting OpenMP threads slow
 inference roughly tenfold, so ``OMP_WAIT_POLICY=PASSIVE`` is set (unless already set) before
@@ -32,12 +32,12 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 
 from .. import _fork
 from .base import ChatReply, ModelError
-from .local_decoding import DecodeCancelled, Decoder, DecodeStats, JSONScanner, json_prefix
+from .local_decoding import DecodeCancelled, Decoder, DecodeRequest, DecodeStats, JSONScanner, candidate_probabilities, json_prefix
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -238,8 +238,9 @@ class LocalChatModel:
         n_ctx: context window in tokens.
         seed: sampling seed (temperature > 0 stays reproducible).
 
-    Prompts sharing a prefix with the previous call (e.g. several judgements of one answer)
-    reuse llama.cpp's evaluated prefix instead of recomputing it.
+    Prompts sharing a prefix with an earlier call (e.g. the judgement after an answer's
+    questions) reuse llama.cpp's evaluated prefix instead of recomputing it, and concurrent
+    calls are decoded in shared batches (:class:`~.local_decoding.Decoder`).
     """
 
     def __init__(self, model: str = "qwen2.5-coder-1.5b", *, threads: Optional[int] = None, n_ctx: int = 4096, seed: int = 1234):
@@ -326,22 +327,46 @@ class LocalChatModel:
 
     def close(self, timeout: float = 5.0) -> bool:
         """Free the llama.cpp model (loaded again on next use). Waits up to ``timeout`` seconds
-        for a running inference; returns False, freeing nothing, when it does not finish."""
+        for queued and running requests; returns False, freeing nothing, when they do not
+        finish."""
         if not self._infer_lock.acquire(timeout=timeout):
             return False
         try:
             with self._load_lock:
+                decoder = self._decoder
+                if decoder is not None and not decoder.close(timeout):
+                    return False
                 llama, self._llama = self._llama, None
-                decoder, self._decoder = self._decoder, None
-            for resource in (decoder, llama):
-                if resource is not None:
-                    try:
-                        resource.close()
-                    except Exception:
-                        pass
+                self._decoder = None
+            if llama is not None:
+                try:
+                    llama.close()
+                except Exception:
+                    pass
             return True
         finally:
             self._infer_lock.release()
+
+    def _run(self, build: Callable[[], DecodeRequest]) -> DecodeRequest:
+        """Load the model, build a request and queue it to the decoder, then wait for it.
+
+        The inference lock is held only while the prompt is tokenized and queued (so
+        :meth:`close` cannot free the model meanwhile); decoding itself is batched with other
+        callers' requests on the decoder's thread. Raises :class:`ModelError`.
+        """
+        with self._infer_lock:
+            self._load()
+            try:
+                request = build()
+                self._decoder.submit(request)
+            except Exception as exc:
+                raise ModelError(f"llama.cpp failed: {type(exc).__name__}: {exc}") from exc
+        try:
+            return request.result()
+        except DecodeCancelled as exc:
+            raise ModelError("cancelled while generating") from exc
+        except Exception as exc:
+            raise ModelError(f"llama.cpp failed: {type(exc).__name__}: {exc}") from exc
 
     # ------------------------------------------------------------------ prompts
 
@@ -358,15 +383,10 @@ class LocalChatModel:
 
         ``max_tokens`` caps the reply (tokens). Raises :class:`ModelError`.
         """
-        with self._infer_lock:  # loaded under the lock, so close() cannot free it meanwhile
-            self._load()
-            try:
-                tokens, _ = self._decoder.generate(
-                    self._prompt_tokens(messages), max_tokens=max_tokens, detokenize=self._detokenize, temperature=temperature, seed=self._seed
-                )
-            except Exception as exc:
-                raise ModelError(f"llama.cpp failed: {type(exc).__name__}: {exc}") from exc
-            return self._detokenize(tokens).strip()
+        request = self._run(
+            lambda: DecodeRequest(self._prompt_tokens(messages), max(1, max_tokens), self._detokenize, temperature=temperature, seed=self._seed)
+        )
+        return request.text.strip()
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` under this model's tokenizer (loads the model)."""
@@ -402,38 +422,32 @@ class LocalChatModel:
     ) -> ChatReply:
         """One JSON reply: the reply's opening is forced (``json_prefix``); a judge's score is
         read as the digit distribution after ``{"<score_key>": `` in one forward pass."""
-        with self._infer_lock:  # loaded under the lock, so close() cannot free it meanwhile
-            self._load()
-            decoder = self._decoder
-            if cancelled.is_set():
-                raise ModelError("cancelled before it started")
-            try:
-                if score_key and self._digit_tokens:
-                    prefix = '{"' + score_key + '": '
-                    prompt = self._prompt_tokens(messages, prefix)
-                    probs, _mass = decoder.distribution(prompt, self._digit_tokens, cancelled)
-                    digit = max(probs, key=probs.get) if probs else 0
-                    return ChatReply(text=f"{prefix}{digit}}}", input_tokens=len(prompt), output_tokens=1, model=self.name, finish_reason="stop", score_probs=probs or None)
-                prefix = json_prefix(schema)
-                prompt = self._prompt_tokens(messages, prefix)
-                scanner = JSONScanner(prefix) if prefix else JSONScanner()
-                generated, finish = decoder.generate(
-                    prompt,
-                    max_tokens=max_tokens,
-                    detokenize=self._detokenize,
-                    stop=scanner.feed,
-                    temperature=temperature,
-                    seed=self._seed if seed is None else seed,
-                    cancelled=cancelled,
-                )
-            except DecodeCancelled as exc:
-                raise ModelError("cancelled while generating") from exc
-            except Exception as exc:
-                raise ModelError(f"llama.cpp failed: {type(exc).__name__}: {exc}") from exc
+        if cancelled.is_set():
+            raise ModelError("cancelled before it started")
+        if score_key:
+            prefix = '{"' + score_key + '": '
+            request = self._run(lambda: DecodeRequest(self._prompt_tokens(messages, prefix), 0, cancelled=cancelled))
+            if self._digit_tokens:
+                probs, _mass = candidate_probabilities(request.logits, self._digit_tokens)
+                digit = max(probs, key=probs.get) if probs else 0
+                return ChatReply(text=f"{prefix}{digit}}}", input_tokens=len(request.tokens), output_tokens=1, model=self.name, finish_reason="stop", score_probs=probs or None)
+        prefix = json_prefix(schema)
+        scanner = JSONScanner(prefix) if prefix else JSONScanner()
+        request = self._run(
+            lambda: DecodeRequest(
+                self._prompt_tokens(messages, prefix),
+                max(1, max_tokens),
+                self._detokenize,
+                scanner.feed,
+                temperature,
+                self._seed if seed is None else seed,
+                cancelled,
+            )
+        )
         return ChatReply(
-            text=prefix + self._detokenize(generated),
-            input_tokens=len(prompt),
-            output_tokens=len(generated),
+            text=prefix + request.text,
+            input_tokens=len(request.tokens),
+            output_tokens=len(request.generated),
             model=self.name,
-            finish_reason=finish,
+            finish_reason=request.finish_reason,
         )
