@@ -218,7 +218,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("json_retries", "int", "", "Times a malformed JSON reply is re-asked before the evaluation fails with status `invalid_json`.", int, _check_number(0, 10, integer=True)),
     _spec("temperature", "float", "", "Sampling temperature of question generation (`independent` mode uses max(temperature, 0.7) so the N questions differ).", float, _check_number(0.0, 2.0)),
     _spec("local_threads", "int", "", "CPU threads of the local llama.cpp model. Default: the CPUs this process may use (its CPU affinity and cgroup CPU quota).", lambda s: int(s) if s.strip() else None, _check_number(1, 256, integer=True, optional=True)),
-    _spec("local_context", "int", "tokens", "Context window of the local llama.cpp model.", int, _check_number(512, 32768, integer=True)),
+    _spec("local_context", "int", "tokens", "KV cache of the local llama.cpp model, shared by its 4 cached sequences (4 concurrent evaluations of long answers need about 4 x 1,200).", int, _check_number(512, 32768, integer=True)),
     # ---- metric
     _spec("method", "|".join(METHODS), "", "Relevancy method (see README, 'Methods').", str, _check_choice(METHODS)),
     _spec("strictness", "int", "", "N: questions generated from each answer (RAGAS strictness).", int, _check_number(1, 10, integer=True)),
@@ -277,7 +277,7 @@ class Settings:
     json_retries: int = 2
     temperature: float = 0.0
     local_threads: Optional[int] = None
-    local_context: int = 4096
+    local_context: int = 8192
     method: str = "ragas_judge"
     strictness: int = 3
     noncommittal: str = "per_question"

@@ -128,8 +128,12 @@ def default_chat_reply(body: dict) -> str:
     text = _user_text(body)
     answer = _tagged(text, "answer")
     first = re.split(r"(?<=[.!?。])\s*", answer)[0].rstrip(".!?。") if answer else "this"
-    if '"noncommittal": [' in text:
-        n = int(re.search(r"write (\d+) different questions", text).group(1)) if re.search(r"write (\d+) different questions", text) else 3
+    # the default's conversation states both tasks in its system message; its user turns name them
+    if "Task 2: rate" in text:
+        return json.dumps({"score": 4})
+    if '"noncommittal": [' in text or "Task 1: write" in text:
+        count = re.search(r"write (?:the )?(\d+) (?:different )?questions", text)
+        n = int(count.group(1)) if count else 3
         evasive = bool(re.search(r"\b(don't know|not sure|no idea|cannot answer)\b", answer, re.I))
         questions = [f"{prefix} {first}?" for prefix in ("What about", "Can you explain", "Tell me whether", "Is it true that", "Why")[:n]]
         questions += [f"Question {i} about {first}?" for i in range(len(questions), n)]

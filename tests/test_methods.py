@@ -138,7 +138,7 @@ def test_default_method_is_ragas_questions_plus_the_intent_judge(server):
     from relevancy_tracer.testing import default_chat_reply
 
     questions = json.dumps({"questions": ["Where is France?", "What is its capital?", "Where is Paris?"], "noncommittal": [0, 0, 0]})
-    server.chat_responder = lambda body: questions if '"noncommittal": [' in body["messages"][-1]["content"] else default_chat_reply(body)
+    server.chat_responder = lambda body: questions if "Task 1: write" in body["messages"][-1]["content"] else default_chat_reply(body)
     engine = Engine(openai_settings(server, method="ragas_intent"))
     result = engine.score(Q, A)
     assert result.status == Status.SCORED and result.method == "ragas_intent"

@@ -34,7 +34,7 @@ def _shared_instance(key: tuple, factory: Any) -> Any:
         return instance
 
 
-def shared_local_llm(model: str = "qwen2.5-coder-1.5b", threads: Optional[int] = None, n_ctx: int = 4096) -> Any:
+def shared_local_llm(model: str = "qwen2.5-coder-1.5b", threads: Optional[int] = None, n_ctx: int = 8192) -> Any:
     """The process-wide :class:`~relevancy_tracer.models.local_llm.LocalChatModel` for these
     arguments (loaded lazily, once; an app can generate with the model the scorer uses)."""
     from .local_llm import LocalChatModel

@@ -54,6 +54,11 @@ class JSONScanner:
         self.depth = 0
         self.in_string = False
         self.escape = False
+        self.string_chars = 0  # characters of the string being written (0 outside strings)
+        #: a string inside an array has just closed and only whitespace followed: the next
+        #: character must be ``,`` or ``]`` for the JSON to stay valid
+        self.expect_separator = False
+        self._containers: list[str] = []
         self.started = False
         self.done = False
         self.feed(prefix)
@@ -69,14 +74,24 @@ class JSONScanner:
                     self.escape = True
                 elif ch == '"':
                     self.in_string = False
+                    self.string_chars = 0
+                    self.expect_separator = bool(self._containers) and self._containers[-1] == "["
+                    continue
+                self.string_chars += 1
                 continue
+            if not ch.isspace():
+                self.expect_separator = False
             if ch == '"':
                 self.in_string = True
+                self.string_chars = 0
             elif ch in "{[":
                 self.depth += 1
+                self._containers.append(ch)
                 self.started = True
             elif ch in "}]":
                 self.depth -= 1
+                if self._containers:
+                    self._containers.pop()
                 if self.started and self.depth <= 0:
                     self.done = True
         return self.done
@@ -109,6 +124,12 @@ class DecodeRequest:
     Outcome, set before ``done`` is: ``generated`` (token ids), ``text`` (their detokenized
     text, when ``detokenize`` is given), ``finish_reason`` (``stop`` or ``length``), ``logits`` (float32 vector of the vocabulary size, after the prompt) and
     ``error`` (the exception that ended it, e.g. :class:`DecodeCancelled`).
+
+    ``logits_processor(generated, logits)``: called before each token is chosen with the tokens
+    generated so far and the next token's logits (a float32 vector of the vocabulary size it
+    may change in place, e.g. set to ``-inf`` to forbid tokens), as llama-cpp-python's and
+    Hugging Face's logits processors. Runs on the scheduler thread; an exception fails the
+    request.
     """
 
     tokens: Sequence[int]
@@ -118,6 +139,7 @@ class DecodeRequest:
     temperature: float = 0.0
     seed: Optional[int] = None
     cancelled: Optional[threading.Event] = None
+    logits_processor: Optional[Callable[[list[int], np.ndarray], None]] = None
     generated: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str = ""
@@ -465,6 +487,12 @@ class Decoder:
             request.logits = logits
             self._finish(request)
             return
+        if request.logits_processor is not None:
+            try:
+                request.logits_processor(request.generated, logits)
+            except Exception as exc:
+                self._finish(request, RuntimeError(f"logits processor failed: {exc!r}"))
+                return
         token = _pick(logits, request.temperature, request._rng)
         if token in self.eos:
             request.finish_reason = "stop"
@@ -478,6 +506,26 @@ class Decoder:
         elif len(request.generated) >= request.max_tokens:
             request.finish_reason = "length"
             self._finish(request)
+
+
+def no_copy_processor(source: Sequence[int], n: int) -> Callable[[list[int], np.ndarray], None]:
+    """A logits processor that lets a reply repeat at most ``n`` consecutive tokens of
+    ``source`` verbatim: a token that would extend a longer copy is never chosen (the
+    prompt-side counterpart of ``no_repeat_ngram_size``, as Hugging Face's
+    ``encoder_no_repeat_ngram_size``)."""
+    index: dict[tuple[int, ...], list[int]] = {}
+    for i in range(len(source) - n):
+        following = index.setdefault(tuple(source[i : i + n]), [])
+        if source[i + n] not in following:
+            following.append(source[i + n])
+
+    def process(generated: list[int], logits: np.ndarray) -> None:
+        if len(generated) >= n:
+            banned = index.get(tuple(generated[-n:]))
+            if banned:
+                logits[banned] = -np.inf
+
+    return process
 
 
 def candidate_probabilities(logits: np.ndarray, candidates: dict[int, int]) -> tuple[dict[int, float], float]:

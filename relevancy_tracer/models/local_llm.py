@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 
 from .. import _fork
 from .base import ChatReply, ModelError
-from .local_decoding import DecodeCancelled, Decoder, DecodeRequest, DecodeStats, JSONScanner, candidate_probabilities, json_prefix
+from .local_decoding import DecodeCancelled, Decoder, DecodeRequest, DecodeStats, JSONScanner, candidate_probabilities, json_prefix, no_copy_processor
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -216,7 +217,60 @@ def resolve_model_path(model: str) -> tuple[str, Path]:
 
 
 #: Identifies the decoding rules below; changing them changes every local evaluator version.
-DECODING = "llama.cpp: greedy; forced JSON prefix; 1-5 judgements as digit distributions after the prefix"
+#: The longest run of the analysed answer's tokens a generated reply may repeat verbatim. On long
+#: Chinese answers the 1.5B model "asked" whole answer sentences as questions (6.9% of its
+#: Chinese questions copied 16+ tokens, against 1.3% in English) until the JSON ran out of
+#: tokens: 11 of 302 Chinese pair evaluations failed that way.
+MAX_COPY = 16
+#: A JSON string value in a generated reply is closed after this many tokens, so a reply of N
+#: questions always fits its budget (``QUESTION_TOKENS`` per question in scoring/methods.py).
+MAX_STRING_TOKENS = 48
+DECODING = (
+    "llama.cpp: greedy; forced JSON prefix; 1-5 judgements as digit distributions after the prefix; "
+    "replies copy at most 16 consecutive tokens of the <answer> block; JSON strings closed after 48 tokens; "
+    "a string in an array is followed by , or ]"
+)
+
+
+class _ReplyLimits:
+    """The logits processor of a generated JSON reply on the local model (a small part of a
+    JSON grammar, where the 1.5B model went wrong):
+
+    * no copy of more than :data:`MAX_COPY` consecutive tokens of the analysed answer;
+    * a string value is closed (its quote forced) once it has run :data:`MAX_STRING_TOKENS`;
+    * after a string inside an array, the next token is ``,`` or ``]`` (the model otherwise
+      continued a cut string with `` + "...`` or wrote an unescaped quote mid-sentence).
+
+    ``scanner`` is fed every generated token (the request's stop check), so it knows where in
+    the JSON the reply is.
+    """
+
+    def __init__(self, scanner: JSONScanner, quote: int, separators: Sequence[int], answer_tokens: Sequence[int]) -> None:
+        self._scanner = scanner
+        self._quote = quote
+        self._separators = list(separators)
+        self._no_copy = no_copy_processor(answer_tokens, MAX_COPY) if len(answer_tokens) > MAX_COPY else None
+        self._opened: Optional[int] = None  # generated-token index where the current string began
+
+    def _only(self, logits: Any, allowed: Sequence[int]) -> None:
+        kept = logits[allowed].copy()
+        logits[:] = -np.inf
+        logits[allowed] = kept
+
+    def __call__(self, generated: list[int], logits: Any) -> None:
+        if self._no_copy is not None:
+            self._no_copy(generated, logits)
+        scanner = self._scanner
+        if not scanner.in_string:
+            self._opened = None
+            if scanner.expect_separator and self._separators:
+                self._only(logits, self._separators)
+            return
+        if self._opened is None:
+            self._opened = len(generated)
+        if len(generated) - self._opened >= MAX_STRING_TOKENS and not scanner.escape and self._quote >= 0:
+            self._only(logits, [self._quote])
+
 
 _loaded: "weakref.WeakSet[LocalChatModel]" = weakref.WeakSet()
 
@@ -243,7 +297,7 @@ class LocalChatModel:
     calls are decoded in shared batches (:class:`~.local_decoding.Decoder`).
     """
 
-    def __init__(self, model: str = "qwen2.5-coder-1.5b", *, threads: Optional[int] = None, n_ctx: int = 4096, seed: int = 1234):
+    def __init__(self, model: str = "qwen2.5-coder-1.5b", *, threads: Optional[int] = None, n_ctx: int = 8192, seed: int = 1234):
         self._model = model
         self.name = model if model in LOCAL_MODELS else Path(model).name
         self._threads = threads or default_threads()
@@ -256,6 +310,8 @@ class LocalChatModel:
         self._formatter: Any = None
         self._add_bos = False
         self._digit_tokens: dict[int, int] = {}
+        self._quote_token = -1
+        self._separator_tokens: list[int] = []
         self._load_lock = threading.Lock()
         self._infer_lock = threading.Lock()
         _fork.renew_after_fork(self, LocalChatModel._renew_after_fork)
@@ -310,6 +366,10 @@ class LocalChatModel:
                         stop_ids.add(ids[0])
                 self._decoder = Decoder(llama._model, n_ctx=self._n_ctx, n_batch=256, n_threads=self._threads, n_slots=4, eos_tokens=stop_ids)
                 self._add_bos = bool(llama._model.add_bos_token()) if hasattr(llama._model, "add_bos_token") else False
+                single = {ch: llama.tokenize(ch.encode(), add_bos=False) for ch in '",]'}
+                single = {ch: ids[0] for ch, ids in single.items() if len(ids) == 1}
+                self._quote_token = single.get('"', -1)
+                self._separator_tokens = [single[ch] for ch in ",]" if ch in single]
                 for digit in "0123456789":
                     for form in (digit, " " + digit):
                         tokens = llama.tokenize(form.encode(), add_bos=False, special=False)
@@ -374,6 +434,15 @@ class LocalChatModel:
         """The chat-formatted prompt (generation prompt included) plus ``prefix``, as tokens."""
         rendered = self._formatter(messages=list(messages)).prompt + prefix
         return self._llama.tokenize(rendered.encode("utf-8"), add_bos=self._add_bos, special=True)
+
+    def _answer_tokens(self, messages: Sequence[dict]) -> list[int]:
+        """The tokens of the first ``<answer>`` block in ``messages`` (empty if there is none)."""
+        for message in messages:
+            content = message.get("content")
+            if isinstance(content, str) and "<answer>\n" in content:
+                text = content.split("<answer>\n", 1)[1].split("\n</answer>", 1)[0]
+                return self._llama.tokenize(text.encode("utf-8"), add_bos=False)
+        return []
 
     def _detokenize(self, tokens: list[int]) -> str:
         return self._llama.detokenize(tokens).decode("utf-8", errors="replace")
@@ -442,6 +511,7 @@ class LocalChatModel:
                 temperature,
                 self._seed if seed is None else seed,
                 cancelled,
+                logits_processor=_ReplyLimits(scanner, self._quote_token, self._separator_tokens, self._answer_tokens(messages)),
             )
         )
         return ChatReply(

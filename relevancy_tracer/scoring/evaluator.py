@@ -52,7 +52,7 @@ def _method_prompts(method: str, settings: Settings) -> list[Any]:
         "direct": [prompts.direct_score("QUESTION", "ANSWER"), prompts.SCORE_SCHEMA],
         "decomposition": [prompts.decompose("QUESTION"), prompts.DECOMPOSE_SCHEMA, prompts.coverage("ANSWER", ["SUB"]), prompts.coverage_schema(1)],
         "intent": [prompts.intent("QUESTION"), prompts.INTENT_SCHEMA, prompts.fulfilment("QUESTION", "ANSWER", "INTENT"), prompts.SCORE_SCHEMA],
-        "ragas_judge": questions + [prompts.judge_turn([{"role": "assistant", "content": "REPLY"}], "QUESTION"), prompts.SCORE_SCHEMA, RAGAS_JUDGE],
+        "ragas_judge": questions + [prompts.judge_turn(questions[0] + [{"role": "assistant", "content": "REPLY"}], "QUESTION"), prompts.SCORE_SCHEMA, RAGAS_JUDGE],
     }
     if method in table:
         return table[method]

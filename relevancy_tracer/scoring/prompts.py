@@ -88,20 +88,46 @@ QUESTION_SCHEMA: dict = {
 }
 
 
+_QUESTIONS_TASK = (
+    "Task 1, questions: write {n} different questions that a user asked to receive exactly this answer.\n"
+    "Rules:\n- Ask only about what the answer states; never ask about anything the answer does not say.\n"
+    "- Keep each question to one short sentence; do not copy sentences of the answer.\n"
+    "- For each question, " + _NONCOMMITTAL_RULE + "\n"
+    'Reply as {{"questions": ["...", ...], "noncommittal": [0, ...]}} with {n} questions and {n} flags.'
+)
+
+_JUDGE_TASK = (
+    "Task 2, rating: you are then told the user's actual question. Rate from 1 to 5 how well the answer "
+    "addresses it.\n"
+    "5: answers every part of it directly. 4: answers it with a small gap or a little unrelated content. "
+    "3: answers only part of it, or is vague. 2: barely addresses it. 1: does not address it (irrelevant, evasive, or says it does not know).\n"
+    'Reply as {"score": <1-5>}.'
+)
+
+
+def questions_system(n: int) -> str:
+    """The system message of the question-generation conversation (``joint_questions``, then
+    ``judge_turn``): :data:`SYSTEM` plus both tasks' fixed instructions.
+
+    Everything that is the same for every answer comes before the answer, so its KV state is
+    evaluated once and reused by every evaluation (llama.cpp's slots, servers' prefix caches);
+    after the answer come only a one-line task reminder and the language rule. Before this, the
+    ~250 tokens of instructions followed the answer and were evaluated again for each one.
+    """
+    return SYSTEM + "\n\nYou are given an answer, then asked two things about it.\n" + _QUESTIONS_TASK.format(n=n) + "\n" + _JUDGE_TASK
+
+
 def joint_questions(answer: str, n: int) -> list[dict]:
-    """One request for all N questions (``generation="joint"``).
+    """One request for all N questions (``generation="joint"``): ``questions_system(n)``, then
+    the answer, the task reminder and the language rule.
 
     RAGAS's task and noncommittal definition; seed 003's language rule, with the language
     named (see ``language.py``). No worked examples: a 1.5B model copies their content.
     """
-    return _messages(
-        answer_block(answer)
-        + f"Task: write {n} different questions that a user asked to receive exactly this answer.\n"
-        "Rules:\n- Ask only about what the answer states; never ask about anything the answer does not say.\n"
-        f"- {language_rule(answer)}\n"
-        f"- For each question, {_NONCOMMITTAL_RULE}\n"
-        f'Reply as {{"questions": ["...", ...], "noncommittal": [0, ...]}} with {n} questions and {n} flags.'
-    )
+    return [
+        {"role": "system", "content": questions_system(n)},
+        {"role": "user", "content": answer_block(answer) + f"Task 1: write the {n} questions; flag noncommittal 1 if this answer is evasive, vague, ambiguous or does not know, else 0. {language_rule(answer)}"},
+    ]
 
 
 def single_question(answer: str) -> list[dict]:
@@ -120,17 +146,14 @@ def single_question(answer: str) -> list[dict]:
 
 def judge_turn(conversation: list[dict], question: str) -> list[dict]:
     """The ``ragas_judge`` judgement: the question-generation exchange, then the user's actual
-    question and seed 000's direct rating criteria, on a 1-5 scale (read as an expected value)."""
+    question and seed 000's direct rating criteria, on a 1-5 scale (read as an expected value).
+
+    The criteria are in the system message of a ``joint_questions`` conversation; after another
+    first turn (``single_question``) they are stated here."""
+    system = conversation[0]["content"] if conversation and conversation[0].get("role") == "system" else ""
+    task = "Task 2: rate from 1 to 5 how well the answer addresses this question." if _JUDGE_TASK in system else _JUDGE_TASK
     return list(conversation) + [
-        {
-            "role": "user",
-            "content": "The user's actual question was:\n"
-            + question_block(question)
-            + "\nTask: rate from 1 to 5 how well the answer addresses this question.\n"
-            "5: answers every part of it directly. 4: answers it with a small gap or a little unrelated content. "
-            "3: answers only part of it, or is vague. 2: barely addresses it. 1: does not address it (irrelevant, evasive, or says it does not know).\n"
-            'Reply as {"score": <1-5>}.',
-        }
+        {"role": "user", "content": "The user's actual question was:\n" + question_block(question) + "\n" + task}
     ]
 
 
