@@ -57,6 +57,8 @@ def main() -> int:
     engine = Engine(settings)
     engine.score(rows[0]["question"], rows[0]["answer"])  # loads the models
     latencies: list[float] = []
+    stats = getattr(engine.models.llm, "stats", None)  # llama.cpp token counters, when the model has them
+    before = dict(vars(stats)) if stats is not None else None
     started = time.perf_counter()
 
     async def timed() -> list:
@@ -93,6 +95,9 @@ def main() -> int:
         "pairwise_accuracy": round(pairs / 10, 2),
         "mean_score_good": round(statistics.mean(good), 3) if good else None,
         "mean_score_poor": round(statistics.mean(poor), 3) if poor else None,
+        "tokens_per_evaluation": (
+            {k: round((v - before.get(k, 0)) / len(rows), 1) for k, v in vars(stats).items()} if stats is not None else None
+        ),  # prompt = evaluated, cached = reused from the KV cache, generated
         "labels_good": [r.label for r in results[0::2]],
         "labels_poor": [r.label for r in results[1::2]],
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
