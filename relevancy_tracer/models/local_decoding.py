@@ -54,7 +54,6 @@ class JSONScanner:
         self.depth = 0
         self.in_string = False
         self.escape = False
-        self.string_chars = 0  # characters of the string being written (0 outside strings)
         #: a string inside an array has just closed and only whitespace followed: the next
         #: character must be ``,`` or ``]`` for the JSON to stay valid
         self.expect_separator = False
@@ -74,16 +73,12 @@ class JSONScanner:
                     self.escape = True
                 elif ch == '"':
                     self.in_string = False
-                    self.string_chars = 0
                     self.expect_separator = bool(self._containers) and self._containers[-1] == "["
-                    continue
-                self.string_chars += 1
                 continue
             if not ch.isspace():
                 self.expect_separator = False
             if ch == '"':
                 self.in_string = True
-                self.string_chars = 0
             elif ch in "{[":
                 self.depth += 1
                 self._containers.append(ch)
