@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from relevancy_tracer.models.local_decoding import JSONScanner, _pick, json_prefix
+from relevancy_tracer.models.local_llm import MAX_COPY, MAX_COPY_CHARS, MAX_STRING_TOKENS, _ReplyLimits, copy_weight
 from relevancy_tracer.scoring import prompts
 
 
@@ -34,6 +35,110 @@ def test_json_prefix_from_schemas():
     assert json_prefix(prompts.INTENT_SCHEMA) == '{"intent": "'
     assert json_prefix(prompts.coverage_schema(2)) == '{"addressed": ['
     assert json_prefix({"type": "array"}) == "" and json_prefix({"type": "object", "properties": {}}) == ""
+
+
+class _Writer:
+    """A toy greedy model for the reply limits: its vocabulary is byte pieces, it wants to write
+    ``wanted`` (pieces) and the reply's closing quote is always its second choice."""
+
+    def __init__(self, answer: str, answer_tokens: tuple = ()) -> None:
+        self.vocab: list[bytes] = [b'"', b",", b"]", b" +"]
+        self.scanner = JSONScanner('{"questions": ["')
+        self.limits = _ReplyLimits(self.scanner, 0, [1, 2], list(answer_tokens), answer, self.detokenize)
+        self.generated: list[int] = []
+
+    def token(self, piece: bytes) -> int:
+        if piece not in self.vocab:
+            self.vocab.append(piece)
+        return self.vocab.index(piece)
+
+    def detokenize(self, ids: list) -> str:
+        return b"".join(self.vocab[i] for i in ids).decode("utf-8", errors="replace")
+
+    def write(self, wanted: list) -> str:
+        """Decode until the string closes; returns the string's text."""
+        ids = [self.token(piece) for piece in wanted] + [0]
+        for want in ids:
+            logits = np.zeros(len(self.vocab) + 8, dtype=np.float32)
+            logits[0], logits[want] = 5.0, 10.0
+            self.limits(self.generated, logits)
+            chosen = int(np.argmax(logits))
+            self.generated.append(chosen)
+            self.scanner.feed(self.detokenize([chosen]))
+            if not self.scanner.in_string:
+                return self.detokenize(self.generated[:-1])
+        raise AssertionError("the string never closed")
+
+
+ZH_ANSWER = "经济学是一门解释经济现象、发现经济规律的学问，关注于人们观察经济现象、分析经济问题、做出个人选择和决策等。"
+
+
+def _pieces(text: str, size: int) -> list:
+    return [text[i : i + size].encode() for i in range(0, len(text), size)]
+
+
+def test_a_string_copying_the_answers_chinese_text_is_closed_whatever_its_tokens():
+    # two characters per token: not the answer's own tokenization, so the token rule cannot see it
+    written = _Writer(ZH_ANSWER).write(_pieces(ZH_ANSWER, 2))
+    # closed at the first check where the copy exceeds MAX_COPY_CHARS wide characters
+    assert written == ZH_ANSWER[:22] and copy_weight(written) > MAX_COPY_CHARS >= copy_weight(written[:-2])
+
+
+def test_a_string_is_never_closed_inside_a_character_being_written_byte_by_byte():
+    # each character as two tokens (2 + 1 UTF-8 bytes): the copy is checked after every token
+    pieces = [piece for ch in ZH_ANSWER for piece in (ch.encode()[:2], ch.encode()[2:])]
+    written = _Writer(ZH_ANSWER).write(pieces)
+    assert "\ufffd" not in written and written == ZH_ANSWER[: MAX_COPY_CHARS + 1]
+    # the token budget too: after "x", one byte per token, so token MAX_STRING_TOKENS ends mid-character
+    writer = _Writer("")
+    written = writer.write([b"x"] + [bytes([b]) for b in ZH_ANSWER.encode()])
+    assert written == "x" + ZH_ANSWER[:16] and len(writer.generated) - 1 == MAX_STRING_TOKENS + 1
+
+
+@pytest.mark.parametrize(
+    "answer, question",
+    [
+        # Chinese: 12 copied characters, then the question's own words
+        (ZH_ANSWER, "经济学是一门解释经济现象的学问吗？它关注人们观察经济现象、分析经济问题的哪些方面？"),
+        # English: a 60-character copy (15 of MAX_COPY_CHARS) inside a question
+        (
+            "The committee approved the new budget for the public library renovation after a long debate in March.",
+            "Why did the committee approved the new budget for the public library renovation only in March?",
+        ),
+    ],
+)
+def test_a_question_that_quotes_part_of_the_answer_is_written_whole(answer, question):
+    assert _Writer(answer).write(_pieces(question, 3)) == question
+
+
+def test_a_long_english_copy_is_closed_past_max_copy_chars():
+    answer = "The committee approved the new budget for the public library renovation after a long debate held in March of last year."
+    written = _Writer(answer).write(_pieces(answer, 4))
+    assert answer.startswith(written) and MAX_COPY_CHARS < copy_weight(written) <= MAX_COPY_CHARS + 1
+
+
+def test_the_token_rule_and_the_string_budget_still_hold():
+    answer_pieces = [f"w{i} ".encode() for i in range(40)]
+    writer = _Writer("")  # no answer text: only the token rules apply
+    answer_tokens = tuple(writer.token(piece) for piece in answer_pieces)
+    writer = _Writer("", answer_tokens)
+    for piece in answer_pieces:
+        writer.token(piece)
+    # copying the answer's tokens stops after MAX_COPY of them (here by closing the string)
+    assert writer.write(answer_pieces) == b"".join(answer_pieces[:MAX_COPY]).decode()
+    # an endless string that copies nothing is closed after MAX_STRING_TOKENS tokens
+    writer = _Writer("")
+    writer.scanner.feed('", "')
+    assert len(writer.write([f"x{i}".encode() for i in range(100)])) == len("".join(f"x{i}" for i in range(MAX_STRING_TOKENS)))
+
+
+def test_only_a_separator_may_follow_a_string_in_an_array():
+    writer = _Writer("")
+    writer.write([b"Why?"])
+    logits = np.zeros(len(writer.vocab) + 8, dtype=np.float32)
+    logits[3] = 10.0  # the model wants ` +` (continuing a cut string)
+    writer.limits(writer.generated, logits)
+    assert int(np.argmax(logits)) in (1, 2) and np.isinf(logits[3])
 
 
 def test_sampling_is_greedy_at_zero_and_seeded_otherwise():

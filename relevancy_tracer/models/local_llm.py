@@ -225,11 +225,24 @@ MAX_COPY = 16
 #: A JSON string value in a generated reply is closed after this many tokens, so a reply of N
 #: questions always fits its budget (``QUESTION_TOKENS`` per question in scoring/methods.py).
 MAX_STRING_TOKENS = 48
+#: A JSON string value is closed once its end repeats more than this much of the answer's text
+#: verbatim, counted in characters with a CJK (or other wide) character as 1 and any other
+#: character as 1/4 (about one token each). The token rule above misses Chinese copies: the
+#: model writes the same characters in other tokens than the answer's, or changes one word, and
+#: copied whole sentences until the JSON ran out of tokens (6 of 302 Chinese pair evaluations).
+MAX_COPY_CHARS = 20
 DECODING = (
     "llama.cpp: greedy; forced JSON prefix; 1-5 judgements as digit distributions after the prefix; "
-    "replies copy at most 16 consecutive tokens of the <answer> block; JSON strings closed after 48 tokens; "
+    "replies copy at most 16 consecutive tokens of the <answer> block; JSON strings closed after 48 tokens "
+    "or once they end in a copy of the answer's text over 20 wide characters (4 narrow = 1); "
     "a string in an array is followed by , or ]"
 )
+
+
+def copy_weight(text: str) -> float:
+    """The length of ``text`` for :data:`MAX_COPY_CHARS`: 1 per CJK or other wide character
+    (code point U+2E80 and up: CJK, kana, hangul, fullwidth forms), 1/4 per other character."""
+    return sum(1.0 if ord(ch) >= 0x2E80 else 0.25 for ch in text)
 
 
 class _ReplyLimits:
@@ -237,7 +250,9 @@ class _ReplyLimits:
     JSON grammar, where the 1.5B model went wrong):
 
     * no copy of more than :data:`MAX_COPY` consecutive tokens of the analysed answer;
-    * a string value is closed (its quote forced) once it has run :data:`MAX_STRING_TOKENS`;
+    * a string value is closed (its quote forced) once it has run :data:`MAX_STRING_TOKENS`,
+      or once its text ends in a copy of the answer's text longer than :data:`MAX_COPY_CHARS`
+      (:func:`copy_weight`), whatever tokens wrote it;
     * after a string inside an array, the next token is ``,`` or ``]`` (the model otherwise
       continued a cut string with `` + "...`` or wrote an unescaped quote mid-sentence).
 
@@ -245,12 +260,33 @@ class _ReplyLimits:
     the JSON the reply is.
     """
 
-    def __init__(self, scanner: JSONScanner, quote: int, separators: Sequence[int], answer_tokens: Sequence[int]) -> None:
+    def __init__(
+        self,
+        scanner: JSONScanner,
+        quote: int,
+        separators: Sequence[int],
+        answer_tokens: Sequence[int],
+        answer_text: str = "",
+        detokenize: Optional[Callable[[list[int]], str]] = None,
+    ) -> None:
         self._scanner = scanner
         self._quote = quote
         self._separators = list(separators)
         self._no_copy = no_copy_processor(answer_tokens, MAX_COPY) if len(answer_tokens) > MAX_COPY else None
+        self._answer_text = answer_text if detokenize is not None else ""
+        self._detokenize = detokenize
         self._opened: Optional[int] = None  # generated-token index where the current string began
+        self._copied = 0  # characters at the end of the current string found verbatim in the answer
+        self._seen = 0  # characters of the current string when ``_copied`` was measured
+
+    def _copy_run(self, text: str) -> str:
+        """The longest end of ``text`` (the string written so far) found in the answer's text;
+        incremental: it can only have grown by the characters added since the last call."""
+        n = min(len(text), self._copied + max(0, len(text) - self._seen))
+        while n > 0 and text[-n:] not in self._answer_text:
+            n -= 1
+        self._copied, self._seen = n, len(text)
+        return text[len(text) - n :]
 
     def _only(self, logits: Any, allowed: Sequence[int]) -> None:
         kept = logits[allowed].copy()
@@ -267,8 +303,18 @@ class _ReplyLimits:
                 self._only(logits, self._separators)
             return
         if self._opened is None:
-            self._opened = len(generated)
-        if len(generated) - self._opened >= MAX_STRING_TOKENS and not scanner.escape and self._quote >= 0:
+            self._opened, self._copied, self._seen = len(generated), 0, 0
+        written = len(generated) - self._opened
+        if scanner.escape or self._quote < 0 or written == 0:
+            return
+        if written < MAX_STRING_TOKENS and not self._answer_text:
+            return
+        text = self._detokenize(generated[self._opened :]) if self._detokenize is not None else ""
+        # never close a string inside a character whose UTF-8 bytes are not all written yet
+        # (at most 3 more byte tokens)
+        if text.endswith("\ufffd") and written < MAX_STRING_TOKENS + 3:
+            return
+        if written >= MAX_STRING_TOKENS or copy_weight(self._copy_run(text)) > MAX_COPY_CHARS:
             self._only(logits, [self._quote])
 
 
@@ -435,14 +481,19 @@ class LocalChatModel:
         rendered = self._formatter(messages=list(messages)).prompt + prefix
         return self._llama.tokenize(rendered.encode("utf-8"), add_bos=self._add_bos, special=True)
 
-    def _answer_tokens(self, messages: Sequence[dict]) -> list[int]:
-        """The tokens of the first ``<answer>`` block in ``messages`` (empty if there is none)."""
+    @staticmethod
+    def _answer_text(messages: Sequence[dict]) -> str:
+        """The text of the first ``<answer>`` block in ``messages`` (empty if there is none)."""
         for message in messages:
             content = message.get("content")
             if isinstance(content, str) and "<answer>\n" in content:
-                text = content.split("<answer>\n", 1)[1].split("\n</answer>", 1)[0]
-                return self._llama.tokenize(text.encode("utf-8"), add_bos=False)
-        return []
+                return content.split("<answer>\n", 1)[1].split("\n</answer>", 1)[0]
+        return ""
+
+    def _reply_limits(self, scanner: JSONScanner, messages: Sequence[dict]) -> _ReplyLimits:
+        answer = self._answer_text(messages)
+        tokens = self._llama.tokenize(answer.encode("utf-8"), add_bos=False) if answer else []
+        return _ReplyLimits(scanner, self._quote_token, self._separator_tokens, tokens, answer, self._detokenize)
 
     def _detokenize(self, tokens: list[int]) -> str:
         return self._llama.detokenize(tokens).decode("utf-8", errors="replace")
@@ -511,7 +562,7 @@ class LocalChatModel:
                 temperature,
                 self._seed if seed is None else seed,
                 cancelled,
-                logits_processor=_ReplyLimits(scanner, self._quote_token, self._separator_tokens, self._answer_tokens(messages)),
+                logits_processor=self._reply_limits(scanner, messages),
             )
         )
         return ChatReply(
