@@ -132,6 +132,18 @@ def test_the_token_rule_and_the_string_budget_still_hold():
     assert len(writer.write([f"x{i}".encode() for i in range(100)])) == len("".join(f"x{i}" for i in range(MAX_STRING_TOKENS)))
 
 
+def test_each_string_has_its_own_budget_when_one_token_closes_a_string_and_opens_the_next():
+    # Qwen writes `","` as a single token: the scanner never leaves a string between questions
+    first = [f"a{i} ".encode() for i in range(40)]
+    second = [f"b{i} ".encode() for i in range(20)]
+    written = _Writer("").write(first + [b'","'] + second)
+    assert written == b"".join(first + [b'","'] + second).decode()  # neither question cut
+    # and the copy check measures the new string only: 8 wide characters copied in each
+    answer = "经济学是一门解释经济现象、发现经济规律的学问"
+    question = "经济学是一门解释经济现象？"
+    assert _Writer(answer).write(_pieces(question, 2) + [b'","'] + _pieces(question, 2)) == question + '","' + question
+
+
 def test_only_a_separator_may_follow_a_string_in_an_array():
     writer = _Writer("")
     writer.write([b"Why?"])

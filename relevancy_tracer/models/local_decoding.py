@@ -54,6 +54,9 @@ class JSONScanner:
         self.depth = 0
         self.in_string = False
         self.escape = False
+        #: strings opened so far: one token can close a string and open the next (Qwen's ``","``),
+        #: so a consumer that tracks "the current string" compares this count, not ``in_string``
+        self.strings = 0
         #: a string inside an array has just closed and only whitespace followed: the next
         #: character must be ``,`` or ``]`` for the JSON to stay valid
         self.expect_separator = False
@@ -79,6 +82,7 @@ class JSONScanner:
                 self.expect_separator = False
             if ch == '"':
                 self.in_string = True
+                self.strings += 1
             elif ch in "{[":
                 self.depth += 1
                 self._containers.append(ch)

@@ -276,6 +276,7 @@ class _ReplyLimits:
         self._answer_text = answer_text if detokenize is not None else ""
         self._detokenize = detokenize
         self._opened: Optional[int] = None  # generated-token index where the current string began
+        self._string = -1  # the scanner's count of strings when the current one was seen opening
         self._copied = 0  # characters at the end of the current string found verbatim in the answer
         self._seen = 0  # characters of the current string when ``_copied`` was measured
 
@@ -302,8 +303,10 @@ class _ReplyLimits:
             if scanner.expect_separator and self._separators:
                 self._only(logits, self._separators)
             return
-        if self._opened is None:
-            self._opened, self._copied, self._seen = len(generated), 0, 0
+        if self._opened is None or scanner.strings != self._string:
+            # a new string: its content starts after the token that opened it (which may also
+            # have closed the previous string, as Qwen's single token ``","`` does)
+            self._opened, self._copied, self._seen, self._string = len(generated), 0, 0, scanner.strings
         written = len(generated) - self._opened
         if scanner.escape or self._quote < 0 or written == 0:
             return
