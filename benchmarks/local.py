@@ -13,8 +13,11 @@ both on the embedded Qwen2.5-Coder-1.5B GGUF with the same CPU threads, same row
 * **relevancy-tracer**: ``Engine.ascore`` with the default method and the embedded models,
   in-process, ``local_threads=--threads``.
 
-Both score the same rows one at a time (the models serve one request at a time), after a warm-up
-evaluation that loads the models. Reported: seconds per evaluation, chat requests and tokens per
+Both score the same rows, after a warm-up evaluation that loads the models: one at a time by
+default, or ``--concurrency N`` evaluations in flight on each side (ragas's three requests per
+evaluation and N evaluations queue at the llama.cpp server, which runs one request at a time;
+relevancy-tracer's decoder batches concurrent requests). Seconds per evaluation are the sum of
+the evaluations' latencies one at a time, and wall-clock time over evaluations when concurrent. Reported: seconds per evaluation, chat requests and tokens per
 evaluation, pairwise accuracy per perturbation (ties 0.5) on the contrastive pair sets. Only one
 model-heavy process runs at a time.
 
@@ -22,6 +25,7 @@ Usage (from the repository root, after ``make bench``'s venvs exist)::
 
     .venv/bin/python benchmarks/local.py                 # 10 English + 10 Chinese reference rows
     .venv/bin/python benchmarks/local.py --rows 6 --threads 2
+    .venv/bin/python benchmarks/local.py --concurrency 4 --out benchmarks/results/local_c4.json
 """
 
 from __future__ import annotations
@@ -188,8 +192,8 @@ def ragas_worker(args: argparse.Namespace) -> int:
     metric = AnswerRelevancy(llm=llm_factory("qwen2.5-coder-1.5b", client=llm_client, max_tokens=256), embeddings=embedding_factory("openai", model="local", client=embed_client), strictness=3)
     results = []
 
-    async def run() -> None:
-        for index, item in enumerate(items):
+    async def one(index: int, item: dict, limit: asyncio.Semaphore) -> None:
+        async with limit:
             started = time.perf_counter()
             try:
                 value: Optional[float] = float((await metric.ascore(user_input=item["question"], response=item["answer"])).value)
@@ -197,17 +201,24 @@ def ragas_worker(args: argparse.Namespace) -> int:
             except Exception as exc:  # ragas raises on malformed model output; counted as a failure
                 value, error = None, f"{type(exc).__name__}: {exc}"[:300]
             results.append({"index": index, "score": value, "error": error, "seconds": time.perf_counter() - started})
-            print(f"  ragas [{index + 1}/{len(items)}] {value if value is None else round(value, 3)} {results[-1]['seconds']:.1f}s", flush=True)
+            print(f"  ragas [{len(results)}/{len(items)}] {value if value is None else round(value, 3)} {results[-1]['seconds']:.1f}s", flush=True)
 
-    asyncio.run(run())
-    Path(args.results).write_text(json.dumps(results), encoding="utf-8")
+    async def run() -> float:
+        limit = asyncio.Semaphore(args.concurrency)
+        started = time.perf_counter()
+        await asyncio.gather(*(one(index, item, limit) for index, item in enumerate(items)))
+        return time.perf_counter() - started
+
+    wall = asyncio.run(run())
+    results.sort(key=lambda r: r["index"])
+    Path(args.results).write_text(json.dumps({"results": results, "wall_seconds": wall}), encoding="utf-8")
     return 0
 
 
 # ---------------------------------------------------------------------------------- orchestration
 
 
-def run_ragas(items: list[dict], gguf: Path, threads: int, embedding_model: str, work: Path) -> tuple[list[dict], list[dict]]:
+def run_ragas(items: list[dict], gguf: Path, threads: int, embedding_model: str, work: Path, concurrency: int = 1) -> tuple[list[dict], list[dict], float]:
     embeddings = EmbeddingsServer(embedding_model)
     server, url = start_llama_server(gguf, threads, 4096, work / "llama_server.log")
     proxy = CountingProxy(url)
@@ -219,10 +230,11 @@ def run_ragas(items: list[dict], gguf: Path, threads: int, embedding_model: str,
         with urllib.request.urlopen(urllib.request.Request(url + "/chat/completions", data=warm, headers={"Content-Type": "application/json"}), timeout=300):  # noqa: S310 - local URL
             pass
         mark = proxy.mark()
-        command = [str(BENCH_PYTHON), str(Path(__file__).resolve()), "--ragas-worker", "--items", str(items_path), "--results", str(results_path), "--llm-url", proxy.url, "--embed-url", embeddings.url]
+        command = [str(BENCH_PYTHON), str(Path(__file__).resolve()), "--ragas-worker", "--items", str(items_path), "--results", str(results_path), "--llm-url", proxy.url, "--embed-url", embeddings.url, "--concurrency", str(concurrency)]
         subprocess.run(command, check=True, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
         requests = proxy.since(mark)
-        return json.loads(results_path.read_text(encoding="utf-8")), requests
+        written = json.loads(results_path.read_text(encoding="utf-8"))
+        return written["results"], requests, written["wall_seconds"]
     finally:
         proxy.stop()
         embeddings.stop()
@@ -233,7 +245,7 @@ def run_ragas(items: list[dict], gguf: Path, threads: int, embedding_model: str,
             server.kill()
 
 
-def run_default(items: list[dict], threads: int) -> list[dict]:
+def run_default(items: list[dict], threads: int, concurrency: int = 1) -> tuple[list[dict], float]:
     import asyncio
 
     from relevancy_tracer.config import Settings
@@ -243,24 +255,33 @@ def run_default(items: list[dict], threads: int) -> list[dict]:
     engine.score("Warm-up question?", "Warm-up answer.")
     results = []
 
-    async def run() -> None:
-        for index, item in enumerate(items):
+    async def one(index: int, item: dict, limit: asyncio.Semaphore) -> None:
+        async with limit:
             started = time.perf_counter()
             result = await engine.ascore(item["question"], item["answer"])
             results.append({"index": index, "score": result.score, "error": result.error, "seconds": time.perf_counter() - started, "llm_calls": result.llm_calls, "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "method": result.method})
-            print(f"  relevancy-tracer [{index + 1}/{len(items)}] {result.score if result.score is None else round(result.score, 3)} {results[-1]['seconds']:.1f}s", flush=True)
+            print(f"  relevancy-tracer [{len(results)}/{len(items)}] {result.score if result.score is None else round(result.score, 3)} {results[-1]['seconds']:.1f}s", flush=True)
 
-    asyncio.run(run())
+    async def run() -> float:
+        limit = asyncio.Semaphore(concurrency)
+        started = time.perf_counter()
+        await asyncio.gather(*(one(index, item, limit) for index, item in enumerate(items)))
+        return time.perf_counter() - started
+
+    wall = asyncio.run(run())
     engine.models.llm.close()
-    return results
+    results.sort(key=lambda r: r["index"])
+    return results, wall
 
 
-def summarise(name: str, items: list[dict], results: list[dict], requests: Optional[list[dict]] = None) -> dict:
+def summarise(name: str, items: list[dict], results: list[dict], requests: Optional[list[dict]] = None, wall_seconds: Optional[float] = None) -> dict:
+    """Seconds per evaluation: ``wall_seconds`` over evaluations when given (concurrent runs),
+    else the sum of the evaluations' latencies (one at a time)."""
     records = []
     for item, result in zip(items, results):
         records.append({k: item[k] for k in ("set", "id", "cand", "label", "subset")} | {"score": result["score"], "raw": result["score"], "status": "scored" if result["score"] is not None else "failed"})
     n = len(results)
-    seconds = sum(r["seconds"] for r in results)
+    seconds = wall_seconds if wall_seconds is not None else sum(r["seconds"] for r in results)
     if requests is not None:  # ragas: from the counting proxy
         chat = [r for r in requests if r["path"].endswith("/chat/completions")]
         calls, tokens_in, tokens_out = len(chat), sum(r["prompt_tokens"] for r in chat), sum(r["completion_tokens"] for r in chat)
@@ -273,6 +294,7 @@ def summarise(name: str, items: list[dict], results: list[dict], requests: Optio
         "name": name,
         "evaluations": n,
         "seconds_per_eval": round(seconds / n, 2),
+        "latency_per_eval": round(sum(r["seconds"] for r in results) / n, 2),
         "llm_calls_per_eval": round(calls / n, 2),
         "input_tokens_per_eval": round(tokens_in / n, 1),
         "output_tokens_per_eval": round(tokens_out / n, 1),
@@ -286,6 +308,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--rows", type=int, default=10, help="reference rows per pair set (each with its degraded answers)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=quality.RESULTS / "local.json")
+    parser.add_argument("--concurrency", type=int, default=1, help="evaluations in flight on each side (default 1: one at a time)")
     parser.add_argument("--ragas-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--items", help=argparse.SUPPRESS)
     parser.add_argument("--results", help=argparse.SUPPRESS)
@@ -309,10 +332,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"{len(items)} evaluations per method; {args.threads} threads; {gguf.name} + {settings.resolved_embedding_model}", flush=True)
 
     print("== ragas 0.4.3 AnswerRelevancy via llama-cpp-python's server", flush=True)
-    ragas_results, requests = run_ragas(items, gguf, args.threads, settings.resolved_embedding_model, work)
-    ragas = summarise("ragas 0.4.3 AnswerRelevancy (llama.cpp server)", items, ragas_results, requests)
+    ragas_results, requests, ragas_wall = run_ragas(items, gguf, args.threads, settings.resolved_embedding_model, work, args.concurrency)
+    concurrent = args.concurrency > 1
+    ragas = summarise("ragas 0.4.3 AnswerRelevancy (llama.cpp server)", items, ragas_results, requests, ragas_wall if concurrent else None)
     print("== relevancy-tracer default, in-process", flush=True)
-    ours = summarise(f"relevancy-tracer {settings.method} (in-process)", items, run_default(items, args.threads))
+    our_results, our_wall = run_default(items, args.threads, args.concurrency)
+    ours = summarise(f"relevancy-tracer {settings.method} (in-process)", items, our_results, wall_seconds=our_wall if concurrent else None)
 
     lines = ["| method | s/eval | chat requests/eval | tokens in / out per eval | " + " | ".join(f"{lang[-2:]} {p.split('_')[0]}" for lang in ("pairs_en", "pairs_zh") for p in quality.PERTURBATIONS) + " | failures |"]
     lines.append("| --- " * (5 + 2 * len(quality.PERTURBATIONS)) + "|")
@@ -324,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     lines.append(f"relevancy-tracer / ragas seconds per evaluation: **{ratio:.2f}x** (target <= 0.5x)")
     table = "\n".join(lines)
     print("\n" + table)
-    args.out.write_text(json.dumps({"threads": args.threads, "rows": args.rows, "ragas": ragas, "relevancy_tracer": ours, "ratio_seconds": ratio}, indent=1), encoding="utf-8")
+    args.out.write_text(json.dumps({"threads": args.threads, "rows": args.rows, "concurrency": args.concurrency, "ragas": ragas, "relevancy_tracer": ours, "ratio_seconds": ratio}, indent=1), encoding="utf-8")
     print(f"\nwritten: {args.out}")
     return 0
 
