@@ -9,10 +9,13 @@ the question. Its labelled data, all from ../shared/data (development sets only)
   partially, address the question);
 * ``wikieval_dev``: the answer (1) and the poor answer (0).
 
-Both kinds (Platt, isotonic) are cross-validated (5 folds, rows of one question kept together);
-the one with the lower pooled expected calibration error is fitted on every row and written with
-the raw fingerprint of the default evaluator, so ``calibration=auto`` picks it up exactly when the
-method, prompts, models and decoding are the ones it was fitted for.
+Both kinds (Platt, isotonic) are cross-validated (5 folds, rows of one question kept together)
+and reported; ``--kind`` (default Platt, as ``relevancy-tracer calibrate``) is fitted on every
+row and written with the raw fingerprint of the default evaluator, so ``calibration=auto`` picks
+it up exactly when the method, prompts, models and decoding are the ones it was fitted for.
+Platt is the default because it is strictly increasing: the calibrated score keeps the raw
+ranking (pairwise accuracy and AUROC unchanged), where isotonic regression's flat steps tie
+answers the raw score orders.
 
     python benchmarks/fit_calibration.py --config ragas_judge [--recompute-raw]
 
@@ -111,6 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: relevancy_tracer/calibrations/<method>-local.json")
     parser.add_argument("--report", type=Path, default=HERE / "results" / "calibration.json")
     parser.add_argument("--recompute-raw", action="store_true", help="raw recomputed from the records' components by the current ragas_judge combination (the records' own evaluator version then differs by the combination only)")
+    parser.add_argument("--kind", choices=("platt", "isotonic"), default="platt", help="the calibration written (both are cross-validated and reported)")
     parser.add_argument("--evaluate", type=Path, default=None, help="a calibration file to evaluate on held-out rows (fits nothing)")
     parser.add_argument("--held-out", default="human=100,pairs_en=30,pairs_zh=20,wikieval=10", help="with --evaluate: SET=N, the first N rows of each set were the fit's; the rest are evaluated")
     args = parser.parse_args(argv)
@@ -137,7 +141,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
 
     report: dict[str, Any] = {"config": args.config, "rows": len(records), "positives": int(labels.sum()), "auroc_raw": round(auroc(raw, labels), 3), "kinds": {}}
-    best = None
     for kind in ("platt", "isotonic"):
         probs = cross_validated(raw, labels, kind, folds=5, groups=groups)
         entry = {
@@ -150,15 +153,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             "reliability": reliability_table(probs, labels),
         }
         report["kinds"][kind] = entry
-        if best is None or entry["pooled"]["ece"] < report["kinds"][best]["pooled"]["ece"]:
-            best = kind
         print(f"{kind:8s} cross-validated ECE: pooled {entry['pooled']['ece']:.3f}, human {entry['human'].get('ece', float('nan')):.3f}, pairs {entry['pairs'].get('ece', float('nan')):.3f}; label balanced accuracy pooled {entry['label_balanced_accuracy_pooled']:.3f}, human {entry['label_balanced_accuracy_human']}")
-    assert best is not None
+    chosen = args.kind
     sources = sorted(set(sets.tolist()))
     calibration = fit_calibration(
         raw,
         labels,
-        best,
+        chosen,
         method=settings.method,
         models=(models.llm.name, models.embedder.name if models.embedder else ""),
         fitted_on={
@@ -167,16 +168,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             "rows": int(len(raw)),
             "positives": int(labels.sum()),
         },
-        metrics={"auroc": report["auroc_raw"], "ece_cross_validated": report["kinds"][best]["pooled"]["ece"], "folds": 5},
+        metrics={"auroc": report["auroc_raw"], "ece_cross_validated": report["kinds"][chosen]["pooled"]["ece"], "folds": 5},
     )
-    report["chosen"] = best
+    report["chosen"] = chosen
     report["fingerprint"] = fingerprint
     out = args.out or SHIPPED / f"{settings.method}-local.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(calibration.to_json() + "\n", encoding="utf-8")
     args.report.write_text(json.dumps(report, indent=1), encoding="utf-8")
     grid = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]
-    print(f"chosen: {best}; written {out}; raw -> probability: " + ", ".join(f"{x:.2f}->{float(calibration(x)):.2f}" for x in grid))
+    print(f"written {chosen}: {out}; raw -> probability: " + ", ".join(f"{x:.2f}->{float(calibration(x)):.2f}" for x in grid))
     return 0
 
 
