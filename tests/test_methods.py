@@ -186,9 +186,11 @@ def test_ragas_judge_topical_signal_is_the_larger_embedding_view():
     """An answer the embedder places far from its question (a programming keyword it does not
     know) keeps its topical credit when the generated questions restate the topic; an answer
     far on both views gets none."""
-    from relevancy_tracer.scoring.methods import ragas_judge_raw
+    from relevancy_tracer.scoring.methods import RAGAS_JUDGE, ragas_judge_raw
 
-    assert ragas_judge_raw(0.84, 0.09, 0.52) == pytest.approx(ragas_judge_raw(0.84, 0.52, 0.09)) == pytest.approx((0.5 * 0.84 + 2.0 * 0.4) / 1.3)
+    w_judge, w_topical, cap = RAGAS_JUDGE["judge_weight"], RAGAS_JUDGE["topicality_weight"], RAGAS_JUDGE["cap"]
+    assert 0.09 < cap < 0.52  # the case below: one view under the cap, the other above it
+    assert ragas_judge_raw(0.84, 0.09, 0.52) == pytest.approx(ragas_judge_raw(0.84, 0.52, 0.09)) == pytest.approx((w_judge * 0.84 + w_topical * cap) / (w_judge + w_topical * cap))
     assert ragas_judge_raw(0.84, 0.05, 0.1) < ragas_judge_raw(0.84, 0.09, 0.52) - 0.3
     assert ragas_judge_raw(1.0, 0.9, 0.9) == pytest.approx(1.0) and ragas_judge_raw(0.0, 0.0, 0.0) == 0.0
 
