@@ -146,13 +146,19 @@ def _demo(args: argparse.Namespace, started: list) -> int:
     print(f"\n{len(scored)} of {len(questions)} answers scored in {elapsed:.0f} s{'' if finished else ' (some evaluations did not finish)'}.", flush=True)
     ok = len(scored) == len(questions)
     if server is not None:
-        spans = server.wait_for_spans(PROJECT, lambda s: sum(1 for x in s if "relevancy.score" in (x.get("attributes") or {})) >= len(scored), timeout=60, name=[SPAN_NAME])
-        in_phoenix = [s for s in spans if "relevancy.score" in (s.get("attributes") or {})]
-        print(f"Phoenix has {len(in_phoenix)} answer spans with relevancy attributes. Open:", flush=True)
+        # Only this run's traces count: a reused Phoenix (or working dir) keeps earlier runs' spans.
+        ours = {o.trace_id for o in scored}
+
+        def scored_here(spans: list) -> list:
+            return [x for x in spans if (x.get("context") or {}).get("trace_id") in ours and "relevancy.score" in (x.get("attributes") or {})]
+
+        spans = server.wait_for_spans(PROJECT, lambda s: len(scored_here(s)) >= len(ours), timeout=60, name=[SPAN_NAME])
+        in_phoenix = scored_here(spans)
+        print(f"Phoenix has {len(in_phoenix)} of this run's answer spans with relevancy attributes. Open:", flush=True)
         print(f"  project: {server.project_url(PROJECT)}", flush=True)
         for outcome in table.outcomes:
             print(f"  {_short(outcome.question, 48):<48}  {server.trace_url(outcome.trace_id)}", flush=True)
-        ok = ok and len(in_phoenix) >= len(scored)
+        ok = ok and len(in_phoenix) == len(ours)
         if started_here and args.keep_running:
             print(f"\nPhoenix keeps running at {server.url}; press Ctrl-C to stop it.", flush=True)
             signal.pause() if hasattr(signal, "pause") else time.sleep(10**9)

@@ -74,7 +74,7 @@ def test_demo_scores_answers_into_phoenix(phoenix, tmp_path):
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert "3 of 3 answers scored" in out and "Phoenix has 3 answer spans with relevancy attributes" in out
+    assert "3 of 3 answers scored" in out and "Phoenix has 3 of this run's answer spans with relevancy attributes" in out
     assert "Using the Phoenix already running" in out
     assert out.count("/redirects/traces/") == 3 and "/redirects/projects/relevancy-tracer-demo" in out
     rows = {}
