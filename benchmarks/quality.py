@@ -49,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from relevancy_tracer.config import Settings  # noqa: E402
 from relevancy_tracer.scoring.calibration import (  # noqa: E402
     auroc,
     balanced_accuracy,
@@ -494,7 +495,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N rows of each set (fixed hash order)")
     parser.add_argument("--records", type=Path, default=RESULTS / "quality_records.jsonl")
     parser.add_argument("--report-only", action="store_true", help="no scoring: tables from the records file")
-    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=Settings.concurrency, help=f"evaluations in flight (default {Settings.concurrency}, the library's)")
     parser.add_argument("--llm", default="local")
     parser.add_argument("--embeddings", default="local")
     parser.add_argument("--out", type=Path, default=RESULTS / "quality.json")
@@ -509,7 +510,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     items = load_items(sets, args.limit)
     configs = [parse_config(c.strip()) for c in args.configs.split(",") if c.strip()]
     if not args.report_only:
-        from relevancy_tracer.config import Settings
         from relevancy_tracer.scoring.engine import Engine
 
         engine = Engine(Settings.resolve(llm=args.llm, embeddings=args.embeddings))
