@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional, Union
 
+from .scoring import prompts
+
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
 
@@ -129,9 +131,9 @@ def default_chat_reply(body: dict) -> str:
     answer = _tagged(text, "answer")
     first = re.split(r"(?<=[.!?。])\s*", answer)[0].rstrip(".!?。") if answer else "this"
     # the default's conversation states both tasks in its system message; its user turns name them
-    if "Task 2: rate" in text:
+    if prompts.JUDGE_TURN in text:
         return json.dumps({"score": 4})
-    if '"noncommittal": [' in text or "Task 1: write" in text:
+    if '"noncommittal": [' in text or prompts.QUESTIONS_TURN in text:
         count = re.search(r"write (?:the )?(\d+) (?:different )?questions", text)
         n = int(count.group(1)) if count else 3
         evasive = bool(re.search(r"\b(don't know|not sure|no idea|cannot answer)\b", answer, re.I))

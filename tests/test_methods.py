@@ -7,6 +7,7 @@ import json
 import pytest
 
 from relevancy_tracer.result import Status
+from relevancy_tracer.scoring import prompts
 from relevancy_tracer.scoring.engine import Engine
 from relevancy_tracer.testing import Status as HTTPStatus
 
@@ -138,7 +139,7 @@ def test_default_method_is_ragas_questions_plus_the_intent_judge(server):
     from relevancy_tracer.testing import default_chat_reply
 
     questions = json.dumps({"questions": ["Where is France?", "What is its capital?", "Where is Paris?"], "noncommittal": [0, 0, 0]})
-    server.chat_responder = lambda body: questions if "Task 1: write" in body["messages"][-1]["content"] else default_chat_reply(body)
+    server.chat_responder = lambda body: questions if prompts.QUESTIONS_TURN in body["messages"][-1]["content"] else default_chat_reply(body)
     engine = Engine(openai_settings(server, method="ragas_intent"))
     result = engine.score(Q, A)
     assert result.status == Status.SCORED and result.method == "ragas_intent"

@@ -105,6 +105,13 @@ _JUDGE_TASK = (
 )
 
 
+#: How the default conversation's user turns begin: the answer's turn names Task 1, the
+#: question's turn Task 2 (their instructions are in the system message). Test servers
+#: (``relevancy_tracer.testing``) recognise the turns by these.
+QUESTIONS_TURN = "Task 1: write"
+JUDGE_TURN = "Task 2: rate"
+
+
 def questions_system(n: int) -> str:
     """The system message of the question-generation conversation (``joint_questions``, then
     ``judge_turn``): :data:`SYSTEM` plus both tasks' fixed instructions.
@@ -126,7 +133,7 @@ def joint_questions(answer: str, n: int) -> list[dict]:
     """
     return [
         {"role": "system", "content": questions_system(n)},
-        {"role": "user", "content": answer_block(answer) + f"Task 1: write the {n} questions; flag noncommittal 1 if this answer is evasive, vague, ambiguous or does not know, else 0. {language_rule(answer)}"},
+        {"role": "user", "content": answer_block(answer) + f"{QUESTIONS_TURN} the {n} questions; flag noncommittal 1 if this answer is evasive, vague, ambiguous or does not know, else 0. {language_rule(answer)}"},
     ]
 
 
@@ -151,7 +158,7 @@ def judge_turn(conversation: list[dict], question: str) -> list[dict]:
     The criteria are in the system message of a ``joint_questions`` conversation; after another
     first turn (``single_question``) they are stated here."""
     system = conversation[0]["content"] if conversation and conversation[0].get("role") == "system" else ""
-    task = "Task 2: rate from 1 to 5 how well the answer addresses this question." if _JUDGE_TASK in system else _JUDGE_TASK
+    task = f"{JUDGE_TURN} from 1 to 5 how well the answer addresses this question." if _JUDGE_TASK in system else _JUDGE_TASK
     return list(conversation) + [
         {"role": "user", "content": "The user's actual question was:\n" + question_block(question) + "\n" + task}
     ]
