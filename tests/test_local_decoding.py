@@ -200,13 +200,17 @@ def _assert_greedy_up_to_ties(model, prompt: list[int], generated: list[int]) ->
     assert max(gaps) <= TIE and sum(gap > 1e-3 for gap in gaps) <= 2, (model._detokenize(generated), [round(g, 2) for g in gaps])
 
 
+def _questions_prompt(model, answer: str) -> list[int]:
+    """Prompt tokens of the default's first turn (3 joint questions) for ``answer``, up to the
+    JSON prefix the decoder forces. Call with the model loaded (it tokenizes)."""
+    return model._prompt_tokens(prompts.joint_questions(answer, 3), json_prefix(prompts.questions_schema(3)))
+
+
 @pytest.mark.local_models
 def test_greedy_reply_is_llama_cpp_python_greedy(model):
-    messages = prompts.joint_questions("France is in western Europe and Paris is its capital.", 3)
-    prefix = json_prefix(prompts.questions_schema(3))
     with model._infer_lock:
         model._load()
-        tokens = model._prompt_tokens(messages, prefix)
+        tokens = _questions_prompt(model, "France is in western Europe and Paris is its capital.")
         ours, _ = model._decoder.generate(tokens, max_tokens=24, detokenize=model._detokenize)
         assert len(ours) == 24 and model._detokenize(ours).strip()
         _assert_greedy_up_to_ties(model, tokens, ours)
@@ -263,11 +267,10 @@ def test_concurrent_generations_are_batched_and_stay_greedy(model):
     from relevancy_tracer.models.local_decoding import DecodeRequest
 
     answers = ["Paris is the capital of France and its largest city.", "Photosynthesis turns light, water and CO2 into sugar and oxygen."]
-    prefix = json_prefix(prompts.questions_schema(3))
     with model._infer_lock:
         model._load()
         calls, shared, generated = model.stats.decode_calls, model.stats.shared_decode_calls, model.stats.generated_tokens
-        prompts_ = [model._prompt_tokens(prompts.joint_questions(a, 3), prefix) for a in answers]
+        prompts_ = [_questions_prompt(model, a) for a in answers]
         requests = [model._decoder.submit(DecodeRequest(tokens, 32, model._detokenize)) for tokens in prompts_]
         for request in requests:
             request.result(timeout=300)
@@ -288,7 +291,7 @@ def test_close_waits_for_queued_requests_then_frees(model):
     with model._infer_lock:
         model._load()
         decoder = model._decoder
-        tokens = model._prompt_tokens(messages, prefix)
+        tokens = _questions_prompt(model, "Paris is the capital of France.")
         requests = [decoder.submit(DecodeRequest(tokens, 40, model._detokenize)) for _ in range(3)]
     assert model.close(timeout=120)
     assert all(r.done.is_set() and r.error is None and r.generated and r.finish_reason in ("stop", "length") for r in requests)
