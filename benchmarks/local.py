@@ -190,32 +190,42 @@ def ragas_worker(args: argparse.Namespace) -> int:
     llm_client = AsyncOpenAI(base_url=args.llm_url, api_key="EMPTY", timeout=900, max_retries=0)
     embed_client = AsyncOpenAI(base_url=args.embed_url, api_key="EMPTY", timeout=120, max_retries=0)
     metric = AnswerRelevancy(llm=llm_factory("qwen2.5-coder-1.5b", client=llm_client, max_tokens=256), embeddings=embedding_factory("openai", model="local", client=embed_client), strictness=3)
-    results = []
 
-    async def one(index: int, item: dict, limit: asyncio.Semaphore) -> None:
-        async with limit:
-            started = time.perf_counter()
-            try:
-                value: Optional[float] = float((await metric.ascore(user_input=item["question"], response=item["answer"])).value)
-                error = None
-            except Exception as exc:  # ragas raises on malformed model output; counted as a failure
-                value, error = None, f"{type(exc).__name__}: {exc}"[:300]
-            results.append({"index": index, "score": value, "error": error, "seconds": time.perf_counter() - started})
-            print(f"  ragas [{len(results)}/{len(items)}] {value if value is None else round(value, 3)} {results[-1]['seconds']:.1f}s", flush=True)
+    async def evaluate(item: dict) -> dict:
+        try:
+            return {"score": float((await metric.ascore(user_input=item["question"], response=item["answer"])).value), "error": None}
+        except Exception as exc:  # ragas raises on malformed model output; counted as a failure
+            return {"score": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
-    async def run() -> float:
-        limit = asyncio.Semaphore(args.concurrency)
-        started = time.perf_counter()
-        await asyncio.gather(*(one(index, item, limit) for index, item in enumerate(items)))
-        return time.perf_counter() - started
-
-    wall = asyncio.run(run())
-    results.sort(key=lambda r: r["index"])
+    results, wall = asyncio.run(run_limited(items, evaluate, args.concurrency, "ragas"))
     Path(args.results).write_text(json.dumps({"results": results, "wall_seconds": wall}), encoding="utf-8")
     return 0
 
 
 # ---------------------------------------------------------------------------------- orchestration
+
+
+async def run_limited(items: list[dict], evaluate: Any, concurrency: int, label: str) -> tuple[list[dict], float]:
+    """``await evaluate(item)`` (a dict with ``score``) for every item, at most ``concurrency`` in
+    flight; each result gets its item's ``index`` and its latency in ``seconds``. Returns the
+    results in item order and the wall-clock seconds of the whole run. Both sides use it."""
+    import asyncio
+
+    limit = asyncio.Semaphore(concurrency)
+    results: list[dict] = []
+
+    async def one(index: int, item: dict) -> None:
+        async with limit:
+            started = time.perf_counter()
+            result = {"index": index} | await evaluate(item)
+            result["seconds"] = time.perf_counter() - started
+            results.append(result)
+            score = result["score"]
+            print(f"  {label} [{len(results)}/{len(items)}] {score if score is None else round(score, 3)} {result['seconds']:.1f}s", flush=True)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(index, item) for index, item in enumerate(items)))
+    return sorted(results, key=lambda r: r["index"]), time.perf_counter() - started
 
 
 def run_ragas(items: list[dict], gguf: Path, threads: int, embedding_model: str, work: Path, concurrency: int = 1) -> tuple[list[dict], list[dict], float]:
@@ -253,24 +263,13 @@ def run_default(items: list[dict], threads: int, concurrency: int = 1) -> tuple[
 
     engine = Engine(Settings.resolve(llm="local", embeddings="local", local_threads=threads))
     engine.score("Warm-up question?", "Warm-up answer.")
-    results = []
 
-    async def one(index: int, item: dict, limit: asyncio.Semaphore) -> None:
-        async with limit:
-            started = time.perf_counter()
-            result = await engine.ascore(item["question"], item["answer"])
-            results.append({"index": index, "score": result.score, "error": result.error, "seconds": time.perf_counter() - started, "llm_calls": result.llm_calls, "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "method": result.method})
-            print(f"  relevancy-tracer [{len(results)}/{len(items)}] {result.score if result.score is None else round(result.score, 3)} {results[-1]['seconds']:.1f}s", flush=True)
+    async def evaluate(item: dict) -> dict:
+        result = await engine.ascore(item["question"], item["answer"])
+        return {"score": result.score, "error": result.error, "llm_calls": result.llm_calls, "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "method": result.method}
 
-    async def run() -> float:
-        limit = asyncio.Semaphore(concurrency)
-        started = time.perf_counter()
-        await asyncio.gather(*(one(index, item, limit) for index, item in enumerate(items)))
-        return time.perf_counter() - started
-
-    wall = asyncio.run(run())
+    results, wall = asyncio.run(run_limited(items, evaluate, concurrency, "relevancy-tracer"))
     engine.models.llm.close()
-    results.sort(key=lambda r: r["index"])
     return results, wall
 
 
