@@ -219,6 +219,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("temperature", "float", "", "Sampling temperature of question generation (`independent` mode uses max(temperature, 0.7) so the N questions differ).", float, _check_number(0.0, 2.0)),
     _spec("local_threads", "int", "", "CPU threads of the local llama.cpp model. Default: the CPUs this process may use (its CPU affinity and cgroup CPU quota).", lambda s: int(s) if s.strip() else None, _check_number(1, 256, integer=True, optional=True)),
     _spec("local_context", "int", "tokens", "KV cache of the local llama.cpp model, shared by its 4 cached sequences (4 concurrent evaluations of long answers need about 4 x 1,200).", int, _check_number(512, 32768, integer=True)),
+    _spec("local_repack", "auto | on | off", "", "llama.cpp's weight repacking into extra CPU buffer types (`use_extra_bufts`). `auto`: off on CPUs with Intel AMX (Xeon Sapphire Rapids and later), where llama.cpp's AMX path crashes (ggml-org/llama.cpp#20824), on elsewhere.", str, _check_choice(("auto", "on", "off"))),
     # ---- metric
     _spec("method", "|".join(METHODS), "", "Relevancy method (see README, 'Methods').", str, _check_choice(METHODS)),
     _spec("strictness", "int", "", "N: questions generated from each answer (RAGAS strictness).", int, _check_number(1, 10, integer=True)),
@@ -278,6 +279,7 @@ class Settings:
     temperature: float = 0.0
     local_threads: Optional[int] = None
     local_context: int = 8192
+    local_repack: str = "auto"
     method: str = "ragas_judge"
     strictness: int = 3
     noncommittal: str = "per_question"

@@ -74,3 +74,34 @@ def test_readme_configuration_table_matches_the_settings():
     for spec in FIELDS:
         if spec.env:
             assert spec.env in readme
+
+
+# ------------------------------------------------------------------------------ weight repacking
+
+AMX_CPUINFO = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu sse2 avx2 avx512f amx_bf16 avx512_fp16 amx_tile amx_int8\n"
+PLAIN_CPUINFO = "processor\t: 0\nmodel name\t: AMD EPYC 7763\nflags\t\t: fpu sse2 avx2 fma\n"
+
+
+def test_weight_repacking_is_off_where_the_cpu_reports_amx():
+    from relevancy_tracer.models.local_llm import cpu_flags, repack_weights
+
+    assert {"amx_tile", "amx_int8"} <= cpu_flags(AMX_CPUINFO) and cpu_flags(PLAIN_CPUINFO) == {"fpu", "sse2", "avx2", "fma"}
+    assert repack_weights("auto", flags=cpu_flags(AMX_CPUINFO), system_info="CPU : AVX2 = 1 | REPACK = 1 |") is False
+    assert repack_weights("auto", flags=cpu_flags(PLAIN_CPUINFO), system_info="CPU : AVX2 = 1 | REPACK = 1 |") is True
+    # a ggml build compiled for AMX on another machine, running where cpuinfo hides the flags
+    assert repack_weights("auto", flags=frozenset(), system_info="CPU : AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |") is False
+    assert cpu_flags("no flags line here") == frozenset()
+    assert repack_weights("on", flags=cpu_flags(AMX_CPUINFO)) is True
+    assert repack_weights("off", flags=cpu_flags(PLAIN_CPUINFO), system_info="") is False
+    with pytest.raises(ValueError):
+        repack_weights("sometimes")
+
+
+def test_local_repack_setting_reaches_the_model(monkeypatch):
+    from relevancy_tracer.models import build_llm
+
+    monkeypatch.setenv("RELEVANCY_TRACER_LOCAL_REPACK", "off")
+    settings = Settings.resolve(llm="local")
+    assert settings.local_repack == "off" and build_llm(settings)._repack == "off"
+    monkeypatch.setenv("RELEVANCY_TRACER_LOCAL_REPACK", "maybe")
+    assert Settings.resolve().local_repack == "auto"  # a bad environment value warns and falls back

@@ -189,9 +189,23 @@ def _assert_greedy_up_to_ties(model, prompt: list[int], generated: list[int]) ->
     """Teacher-force ``prompt + generated`` through llama-cpp-python's own evaluation in a fresh
     context (one sequence, every position's logits) and check each generated token is the
     reference's argmax up to :data:`TIE`, and that at most two steps are such ties."""
+    import llama_cpp.llama_cpp as bindings
     from llama_cpp import Llama
 
-    fresh = Llama(model_path=model._llama.model_path, n_ctx=len(prompt) + len(generated) + 8, n_threads=2, logits_all=True, verbose=False)
+    # The reference loads the weights as the model under test did (no repacking on AMX CPUs,
+    # where it crashes): Llama has no argument for it, so its default parameters are wrapped.
+    default_params = bindings.llama_model_default_params
+
+    def params():
+        value = default_params()
+        value.use_extra_bufts = bool(model.repacked)
+        return value
+
+    bindings.llama_model_default_params = params
+    try:
+        fresh = Llama(model_path=model._llama.path_model, n_ctx=len(prompt) + len(generated) + 8, n_threads=2, logits_all=True, verbose=False)
+    finally:
+        bindings.llama_model_default_params = default_params
     try:
         fresh.eval(list(prompt) + list(generated))
         gaps = [float(fresh.scores[len(prompt) - 1 + i].max() - fresh.scores[len(prompt) - 1 + i][token]) for i, token in enumerate(generated)]

@@ -218,3 +218,25 @@ def test_local_model_closes_reloads_and_exits_cleanly():
     proc = subprocess.run([sys.executable, "-c", app], env=subprocess_env(OMP_WAIT_POLICY="PASSIVE"), capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_on_a_cpu_reporting_amx_the_model_loads_without_weight_repacking_and_scores():
+    """llama.cpp's AMX path crashes (ggml-org/llama.cpp#20824): where the CPU reports AMX, the
+    weights load without extra buffer types. This machine's flags are replaced by an AMX CPU's,
+    in a subprocess that loads the real model and generates."""
+    app = textwrap.dedent(
+        """
+        from relevancy_tracer.models import local_llm
+        amx = local_llm.cpu_flags() | {"amx_tile", "amx_int8", "amx_bf16"}
+        local_llm.cpu_flags = lambda cpuinfo=None: amx
+        model = local_llm.LocalChatModel("qwen2.5-coder-1.5b", threads=2, n_ctx=1024)
+        reply = model.generate([{"role": "user", "content": "Say hello."}], max_tokens=8)
+        assert model.repacked is False and reply.strip(), (model.repacked, reply)
+        other = local_llm.LocalChatModel("qwen2.5-coder-1.5b", threads=2, n_ctx=1024, repack="on")
+        other.generate([{"role": "user", "content": "Say hello."}], max_tokens=2)
+        assert other.repacked is True
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", app], env=subprocess_env(OMP_WAIT_POLICY="PASSIVE"), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

@@ -34,12 +34,12 @@ def _shared_instance(key: tuple, factory: Any) -> Any:
         return instance
 
 
-def shared_local_llm(model: str = "qwen2.5-coder-1.5b", threads: Optional[int] = None, n_ctx: int = 8192) -> Any:
+def shared_local_llm(model: str = "qwen2.5-coder-1.5b", threads: Optional[int] = None, n_ctx: int = 8192, repack: str = "auto") -> Any:
     """The process-wide :class:`~relevancy_tracer.models.local_llm.LocalChatModel` for these
     arguments (loaded lazily, once; an app can generate with the model the scorer uses)."""
     from .local_llm import LocalChatModel
 
-    return _shared_instance(("local-llm", model, threads, n_ctx), lambda: LocalChatModel(model, threads=threads, n_ctx=n_ctx))
+    return _shared_instance(("local-llm", model, threads, n_ctx, repack), lambda: LocalChatModel(model, threads=threads, n_ctx=n_ctx, repack=repack))
 
 
 def shared_local_embedder(model: str = "use-multilingual-v3") -> Any:
@@ -52,7 +52,7 @@ def shared_local_embedder(model: str = "use-multilingual-v3") -> Any:
 def build_llm(settings: Settings) -> ChatModel:
     """The chat backend for ``settings`` (no network or model load happens here)."""
     if settings.llm == "local":
-        return shared_local_llm(settings.resolved_llm_model, settings.local_threads, settings.local_context)
+        return shared_local_llm(settings.resolved_llm_model, settings.local_threads, settings.local_context, settings.local_repack)
     from .openai_compat import OpenAIChatModel
 
     return OpenAIChatModel(

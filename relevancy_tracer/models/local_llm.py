@@ -131,6 +131,75 @@ def default_threads() -> int:
     return max(1, count)
 
 
+#: CPU flags (``/proc/cpuinfo``) of Intel AMX, present on Xeon Sapphire Rapids and later.
+AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
+#: Values of the ``local_repack`` setting.
+REPACK_CHOICES = ("auto", "on", "off")
+
+
+def cpu_flags(cpuinfo: Optional[str] = None) -> frozenset[str]:
+    """The CPU feature flags of this machine: the ``flags`` line of ``/proc/cpuinfo`` (Linux,
+    x86), or of ``cpuinfo`` when given (tests). Empty where there is no such file."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def llama_system_info() -> str:
+    """llama.cpp's ``llama_print_system_info()``: the CPU features the loaded ggml build uses
+    (e.g. ``AMX_INT8 = 1`` when it was compiled for AMX). Empty when llama-cpp-python is absent."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return ""
+    try:
+        return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+    except Exception:  # an older binding without the function
+        return ""
+
+
+def repack_weights(setting: str = "auto", *, flags: Optional[frozenset[str]] = None, system_info: Optional[str] = None) -> bool:
+    """Whether llama.cpp may repack the model's weights into its extra CPU buffer types
+    (``llama_model_params.use_extra_bufts``).
+
+    llama.cpp repacks quantized weights at load time into layouts for the CPU's matrix units.
+    Its AMX path (the ``AMX`` buffer type, used when ggml was built on an AMX CPU, as a pip
+    install compiles it) crashes with SIGSEGV in ``ggml_backend_amx_mul_mat`` for this model's
+    Q4_K weights (ggml-org/llama.cpp#20824). Without extra buffer types the same weights run
+    on the plain CPU path.
+
+    Args:
+        setting: ``auto`` (default): off when the CPU reports AMX (``flags``) or the ggml
+            build uses it (``AMX_INT8 = 1`` in ``system_info``), on otherwise; ``on`` / ``off``
+            force it.
+        flags: CPU flags (default: :func:`cpu_flags`). system_info: default
+            :func:`llama_system_info`.
+
+    Returns:
+        True to let llama.cpp repack (its default), False to load the weights as they are.
+
+    Raises:
+        ValueError: ``setting`` is not one of :data:`REPACK_CHOICES`.
+    """
+    if setting not in REPACK_CHOICES:
+        raise ValueError(f"local_repack must be one of {', '.join(REPACK_CHOICES)}; got {setting!r}")
+    if setting != "auto":
+        return setting == "on"
+    flags = cpu_flags() if flags is None else flags
+    if flags & AMX_FLAGS:
+        return False
+    info = llama_system_info() if system_info is None else system_info
+    return "AMX_INT8 = 1" not in info and "AMX = 1" not in info
+
+
 def _cgroup_cpu_quota() -> Optional[float]:
     """CPUs allowed by the cgroup CPU quota, or None when unlimited or unknown."""
     try:
@@ -324,10 +393,23 @@ class _ReplyLimits:
 _loaded: "weakref.WeakSet[LocalChatModel]" = weakref.WeakSet()
 
 
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _backend_init(llama_cpp: Any) -> None:
+    """``llama_backend_init()`` once per process (what llama-cpp-python's ``Llama`` does)."""
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
 @atexit.register
 def _close_loaded_models() -> None:
     """Free every loaded llama.cpp model before the interpreter tears modules down: left to
-    ``Llama.__del__`` during shutdown, llama-cpp-python 0.3 prints a TypeError traceback."""
+    its ``__del__`` during shutdown, llama-cpp-python 0.3 prints a TypeError traceback."""
     for model in list(_loaded):
         model.close(timeout=5.0)
 
@@ -340,14 +422,21 @@ class LocalChatModel:
         threads: CPU threads for llama.cpp (default: all cores).
         n_ctx: context window in tokens.
         seed: sampling seed (temperature > 0 stays reproducible).
+        repack: ``auto`` | ``on`` | ``off``: llama.cpp's weight repacking (:func:`repack_weights`;
+            ``auto`` turns it off on AMX CPUs, where it crashes). Raises ValueError otherwise.
 
     Prompts sharing a prefix with an earlier call (e.g. the judgement after an answer's
     questions) reuse llama.cpp's evaluated prefix instead of recomputing it, and concurrent
     calls are decoded in shared batches (:class:`~.local_decoding.Decoder`).
     """
 
-    def __init__(self, model: str = "qwen2.5-coder-1.5b", *, threads: Optional[int] = None, n_ctx: int = 8192, seed: int = 1234):
+    def __init__(self, model: str = "qwen2.5-coder-1.5b", *, threads: Optional[int] = None, n_ctx: int = 8192, seed: int = 1234, repack: str = "auto"):
+        if repack not in REPACK_CHOICES:
+            raise ValueError(f"repack must be one of {', '.join(REPACK_CHOICES)}; got {repack!r}")
         self._model = model
+        self._repack = repack
+        #: Whether the loaded weights were repacked (None until the model loads).
+        self.repacked: Optional[bool] = None
         self.name = model if model in LOCAL_MODELS else Path(model).name
         self._threads = threads or default_threads()
         self._n_ctx = n_ctx
@@ -382,29 +471,32 @@ class LocalChatModel:
                 self.name, path = resolve_model_path(self._model)
                 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
                 try:
-                    from llama_cpp import Llama
+                    import llama_cpp
+                    from llama_cpp import _internals
+                    from llama_cpp._logger import set_verbose
                     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
                 except ImportError as exc:
                     raise ModelError(f"llama-cpp-python is not installed ({exc}); pip install 'relevancy-tracer[local]'") from exc
+                repack = repack_weights(self._repack)
                 try:
-                    # The Llama object loads the weights and the tokenizer; its own context is
-                    # kept minimal: decoding runs in the Decoder's multi-slot context.
-                    llama = Llama(
-                        model_path=str(path),
-                        n_ctx=256,
-                        n_batch=256,
-                        n_threads=self._threads,
-                        n_threads_batch=self._threads,
-                        seed=self._seed,
-                        verbose=False,
-                    )
+                    # The weights and the tokenizer only: decoding runs in the Decoder's
+                    # multi-slot context. Loaded through llama-cpp-python's model wrapper, not
+                    # its Llama class, to choose use_extra_bufts (see repack_weights).
+                    set_verbose(False)
+                    _backend_init(llama_cpp)
+                    params = llama_cpp.llama_model_default_params()
+                    params.n_gpu_layers = 0
+                    params.use_extra_bufts = repack
+                    llama = _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
                 except Exception as exc:  # llama.cpp raises ValueError/RuntimeError on a bad file
                     raise ModelError(f"cannot load {path}: {exc}") from exc
-                template = llama.metadata.get("tokenizer.chat_template")
+                logger.debug("local model %s loaded (weight repacking %s)", self.name, "on" if repack else "off")
+                self.repacked = repack
+                template = llama.metadata().get("tokenizer.chat_template")
                 eos_id = llama.token_eos()
-                eos_text = llama._model.token_get_text(eos_id) if eos_id != -1 else ""
+                eos_text = llama.token_get_text(eos_id) if eos_id != -1 else ""
                 bos_id = llama.token_bos()
-                bos_text = llama._model.token_get_text(bos_id) if bos_id != -1 else ""
+                bos_text = llama.token_get_text(bos_id) if bos_id != -1 else ""
                 if not template:
                     raise ModelError(f"{path} has no chat template (tokenizer.chat_template)")
                 self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos_text, bos_token=bos_text)
@@ -413,9 +505,9 @@ class LocalChatModel:
                     ids = llama.tokenize(marker, add_bos=False, special=True)
                     if len(ids) == 1:
                         stop_ids.add(ids[0])
-                self._decoder = Decoder(llama._model, n_ctx=self._n_ctx, n_batch=256, n_threads=self._threads, n_slots=4, eos_tokens=stop_ids)
-                self._add_bos = bool(llama._model.add_bos_token()) if hasattr(llama._model, "add_bos_token") else False
-                single = {ch: llama.tokenize(ch.encode(), add_bos=False) for ch in '",]'}
+                self._decoder = Decoder(llama, n_ctx=self._n_ctx, n_batch=256, n_threads=self._threads, n_slots=4, eos_tokens=stop_ids)
+                self._add_bos = bool(llama.add_bos_token())
+                single = {ch: llama.tokenize(ch.encode(), add_bos=False, special=False) for ch in '",]'}
                 single = {ch: ids[0] for ch, ids in single.items() if len(ids) == 1}
                 self._quote_token = single.get('"', -1)
                 self._separator_tokens = [single[ch] for ch in ",]" if ch in single]
@@ -495,7 +587,7 @@ class LocalChatModel:
 
     def _reply_limits(self, scanner: JSONScanner, messages: Sequence[dict]) -> _ReplyLimits:
         answer = self._answer_text(messages)
-        tokens = self._llama.tokenize(answer.encode("utf-8"), add_bos=False) if answer else []
+        tokens = self._llama.tokenize(answer.encode("utf-8"), add_bos=False, special=False) if answer else []
         return _ReplyLimits(scanner, self._quote_token, self._separator_tokens, tokens, answer, self._detokenize)
 
     def _detokenize(self, tokens: list[int]) -> str:
@@ -514,7 +606,7 @@ class LocalChatModel:
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` under this model's tokenizer (loads the model)."""
         with self._infer_lock:
-            return len(self._load().tokenize(text.encode("utf-8"), add_bos=False))
+            return len(self._load().tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
     async def chat_json(
         self,

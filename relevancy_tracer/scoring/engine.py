@@ -44,6 +44,7 @@ MODEL_FIELDS = (
     "llm_response_format",
     "local_threads",
     "local_context",
+    "local_repack",
 )
 
 
