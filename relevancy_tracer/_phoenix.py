@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -19,6 +17,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Optional
+
+from ._lifeline import Child, spawn
 
 
 def free_port() -> int:
@@ -57,7 +57,7 @@ class PhoenixServer:
         self.grpc_port = grpc_port
         self.working_dir = Path(working_dir)
         self.url = f"http://127.0.0.1:{port}"
-        self.process: Optional[subprocess.Popen] = None
+        self.process: Optional[Child] = None
         self.log_path = self.working_dir / "phoenix.log"
 
     def start(self, timeout: float = 180.0) -> "PhoenixServer":
@@ -77,8 +77,10 @@ class PhoenixServer:
         executable = shutil.which("phoenix", path=str(Path(sys.executable).parent)) or shutil.which("phoenix")
         command = [executable, "serve"] if executable else [sys.executable, "-m", "phoenix.server.main", "serve"]
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        try:  # the server dies with this process, however it ends (SIGKILL and crashes included)
+            self.process = spawn(command, env=env, stdout=log, stderr=log)
+        finally:
+            log.close()
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -101,16 +103,9 @@ class PhoenixServer:
             return False
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        """Stop the server (SIGTERM, SIGKILL after 20 s); a no-op when it is not running."""
+        if self.process is not None:
+            self.process.stop(grace=20.0)
 
     def __enter__(self) -> "PhoenixServer":
         return self.start()

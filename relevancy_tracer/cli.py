@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import os
 import sys
@@ -462,6 +463,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``relevancy-tracer`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # A native crash (a fault in llama.cpp or another C extension) prints "Fatal Python error:
+    # Segmentation fault" and every thread's Python stack, instead of a bare signal exit.
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     try:
         return int(args.func(args) or 0)
     except (ValueError, TypeError, ImportError, OSError) as exc:  # bad arguments, missing files
