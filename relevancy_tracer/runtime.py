@@ -70,9 +70,12 @@ class Runtime:
                 logger.exception("relevancy-tracer: drift detector disabled")
         self.annotations = None
         if settings.phoenix_url:
-            from .phoenix import PhoenixAnnotationSink
+            try:
+                from .phoenix import PhoenixAnnotationSink
 
-            self.annotations = PhoenixAnnotationSink(settings.phoenix_url)
+                self.annotations = PhoenixAnnotationSink(settings.phoenix_url)
+            except Exception as exc:  # e.g. httpx missing: annotations are optional, tracing is not
+                logger.warning("relevancy-tracer: Phoenix annotations disabled (phoenix_url set): %s", exc)
         self.active = True
         _fork.renew_after_fork(self, Runtime._renew_after_fork)
 
