@@ -87,7 +87,10 @@ class PhoenixClient:
     """
 
     def __init__(self, url: str, api_key: Optional[str] = None, timeout: float = 10.0, retries: int = 3):
-        import httpx
+        try:
+            import httpx
+        except ImportError as exc:
+            raise ImportError(f"the Phoenix client needs httpx ({exc}): pip install 'relevancy-tracer[annotations]'") from exc
 
         self.url = url.rstrip("/")
         headers = {"Content-Type": "application/json"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import signal
 import socket
@@ -325,6 +326,23 @@ def test_shutdown_is_final_until_configure(tracing, otel, server):
     tracing()
     answer(QUESTION)
     assert relevancy_tracer.flush(10) and len(finished_spans(otel, "after_shutdown")) == 1
+
+
+def test_configure_with_phoenix_url_but_no_httpx_warns_and_traces(tracing, otel, server, monkeypatch, caplog):
+    """A missing optional dependency is an environment problem: configure() warns and goes on."""
+    monkeypatch.setitem(sys.modules, "httpx", None)  # import httpx -> ImportError
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        tracing(phoenix_url="http://127.0.0.1:9")
+    assert "Phoenix annotations disabled" in caplog.text and "relevancy-tracer[annotations]" in caplog.text
+
+    @relevancy_tracer.trace(name="no_httpx")
+    def answer(question):
+        return ANSWER
+
+    assert answer(QUESTION) == ANSWER
+    assert relevancy_tracer.flush(10)
+    [span] = finished_spans(otel, "no_httpx")
+    assert span.attributes["relevancy.status"] == "scored"
 
 
 def test_thread_start_failure_drops_with_a_reason_and_ends_spans(tracing, otel, server, monkeypatch):
