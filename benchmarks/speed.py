@@ -38,6 +38,16 @@ def _commit(package_dir: Path) -> str:
         return package_dir.name
 
 
+def _cpu_model() -> str:
+    """The CPU's model name and whether it reports AMX (Linux ``/proc/cpuinfo``)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    return name + (" (AMX)" if "amx_int8" in info else " (no AMX)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", default="current")
@@ -60,6 +70,7 @@ def main() -> int:
     stats = getattr(engine.models.llm, "stats", None)  # llama.cpp token counters, when the model has them
     before = dict(vars(stats)) if stats is not None else None
     started = time.perf_counter()
+    cpu_started = time.process_time()
 
     async def timed() -> list:
         import asyncio
@@ -79,6 +90,7 @@ def main() -> int:
 
     results = asyncio.run(timed())
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started  # all threads' CPU time: less sensitive than wall time to other processes on the cores
     good = [r.score for r in results[0::2] if r.score is not None]
     poor = [r.score for r in results[1::2] if r.score is not None]
     pairs = sum(1.0 if g > p else 0.5 if g == p else 0.0 for g, p in zip([r.score for r in results[0::2]], [r.score for r in results[1::2]]) if g is not None and p is not None)
@@ -91,6 +103,7 @@ def main() -> int:
         "wall_seconds": round(wall, 2),
         "seconds_per_evaluation": round(wall / len(rows), 2),
         "median_latency_seconds": round(statistics.median(latencies), 2),
+        "cpu_seconds_per_evaluation": round(cpu / len(rows), 2),
         "failures": sum(1 for r in results if r.score is None),
         "pairwise_accuracy": round(pairs / 10, 2),
         "mean_score_good": round(statistics.mean(good), 3) if good else None,
@@ -100,7 +113,9 @@ def main() -> int:
         ),  # prompt = evaluated, cached = reused from the KV cache, generated
         "labels_good": [r.label for r in results[0::2]],
         "labels_poor": [r.label for r in results[1::2]],
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
+        "local_repack": settings.local_repack,
+        "weights_repacked": getattr(engine.models.llm, "repacked", None),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "cpu": _cpu_model(), "load_average": os.getloadavg()},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1), encoding="utf-8")
