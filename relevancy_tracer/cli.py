@@ -305,12 +305,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     engine = Engine(settings)
     mapping = ColumnMapping(question=args.question_column, answer=args.answer_column, contexts=args.contexts_column)
     _refuse_same_file(args.input, args.output)
-    rows = []
+    rows, unread = [], 0
     for row in read_rows(args.input, args.format):
         if row.error is None:
             rows.append(row)
-        else:  # the line is reported and the run goes on, as in `score`
+            continue
+        unread += 1  # the line is reported and the run goes on, as in `score`
+        if unread <= 10:
             print(f"calibrate: skipped {row.error}", file=sys.stderr)
+    if unread > 10:
+        print(f"calibrate: skipped {unread - 10} more unreadable line(s)", file=sys.stderr)
     if args.limit is not None:
         rows = rows[: args.limit]
     labelled: list[tuple[InputRow, int]] = []

@@ -304,3 +304,43 @@ def test_unknown_input_format_is_a_clean_error(server, tmp_path):
     bad.write_text("<x/>")
     proc = run_cli(server, bad)
     assert proc.returncode == 2 and "cannot tell the format" in proc.stderr
+
+
+def labelled(path, count, extra=b""):
+    """``count`` labelled rows (half relevant), then ``extra`` raw lines."""
+    rows = [{"question": f"Where is town {i}?", "answer": f"Town {i} is in France." if i % 2 else f"Bananas are yellow {i}.", "label": i % 2} for i in range(count)]
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows) + extra)
+    return path
+
+
+def test_calibrate_reports_unreadable_lines_refuses_its_input_as_output_and_writes_atomically(server, tmp_path):
+    from relevancy_tracer.scoring.calibration import Calibration
+
+    data = labelled(tmp_path / "labelled.jsonl", 12, b'{"question": "Where is Lyon?", "answer": "\xff", "label": 1}\n' + b"[" * 100000 + b"\n")
+    before = data.read_bytes()
+    (tmp_path / "link.jsonl").symlink_to(data)
+    for output in (data, tmp_path / "link.jsonl"):
+        proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "calibrate", str(data), "-o", str(output), "--no-progress"], env=cli_env(server), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "is the input file" in proc.stderr, proc.stderr
+    assert data.read_bytes() == before and server.requests == []
+    calib = tmp_path / "calib.json"
+    proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "calibrate", str(data), "-o", str(calib), "--no-progress"], env=cli_env(server), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped line 13: not UTF-8" in proc.stderr and "skipped line 14: JSON nested too deeply" in proc.stderr
+    assert Calibration.load(calib).fitted_on["rows"] == 12
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.json", "labelled.jsonl", "link.jsonl"]
+
+
+def test_calibrate_stopped_by_sigterm_keeps_the_old_calibration(tmp_path):
+    with FakeOpenAIServer(chat_delay=0.2) as server:
+        data = labelled(tmp_path / "labelled.jsonl", 30)
+        calib = tmp_path / "calib.json"
+        calib.write_text("old calibration\n")
+        proc = start_cli(server, "calibrate", data, "-o", calib, RELEVANCY_TRACER_CONCURRENCY="1")
+        wait_rows_finished(server, 2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted after" in stderr and "no calibration written" in stderr
+    assert calib.read_text() == "old calibration\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.json", "labelled.jsonl"]
