@@ -344,3 +344,17 @@ def test_calibrate_stopped_by_sigterm_keeps_the_old_calibration(tmp_path):
     assert "interrupted after" in stderr and "no calibration written" in stderr
     assert calib.read_text() == "old calibration\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.json", "labelled.jsonl"]
+
+
+@pytest.mark.parametrize("content", [b'{"cursor": "abc', b"\xff\xfe", b"[1, 2]"], ids=["truncated", "not-utf8", "not-an-object"])
+def test_backfill_with_an_unreadable_state_file_is_a_clean_error(server, tmp_path, content):
+    """The state is read before Phoenix is contacted (nothing listens on the port given)."""
+    from relevancy_tracer._phoenix import free_port
+
+    state = tmp_path / "cursor.json"
+    state.write_bytes(content)
+    command = [sys.executable, "-m", "relevancy_tracer.cli", "backfill", "--phoenix", f"http://127.0.0.1:{free_port()}", "--project", "p", "--state", str(state)]
+    proc = subprocess.run(command, env=cli_env(server), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot read the state file {state}" in proc.stderr and "delete it" in proc.stderr and "Traceback" not in proc.stderr
+    assert state.read_bytes() == content
