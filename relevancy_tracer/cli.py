@@ -5,8 +5,10 @@
 writes one output row per input row, in input order: the input fields plus score, label,
 explanation, method, components, generated_questions, similarities, noncommittal,
 sub_questions, intent, status, error and usage. A progress bar and a summary (count, mean,
-quantiles, label counts, failures by status) go to stderr. Bad rows never stop the run; Ctrl-C
-writes every row finished so far and exits with status 130.
+quantiles, label counts, failures by status) go to stderr. Bad rows never stop the run. The
+output goes to a temporary file renamed over OUTPUT at the end; OUTPUT may not be INPUT. Ctrl-C
+(SIGINT) or SIGTERM writes every row finished so far and exits with status 130 or 143; a write
+error stops the run, prints the finished rows the output refused on stdout and exits with 1.
 """
 
 from __future__ import annotations
