@@ -131,16 +131,24 @@ invalid (``json`` itself fails with RecursionError near 1000 levels, and output 
 serialised again further down the stack)."""
 
 
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether ``value`` (parsed JSON) nests lists/dicts more than ``limit`` levels deep."""
+def _json_problem(value: Any, limit: int) -> Optional[str]:
+    """What makes parsed JSON unusable, or None: lists/dicts nested more than ``limit`` levels,
+    or a string holding a lone surrogate (a ``"\\ud800"`` escape: not Unicode text, which no
+    model API accepts)."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a string with a lone surrogate (\\u escape of half a UTF-16 pair)"
+        elif isinstance(item, (dict, list)):
             if depth > limit:
-                return True
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return False
+                return f"JSON nested deeper than {limit} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
 
 
 def _jsonl_row(number: int, raw: bytes) -> Optional[InputRow]:
@@ -159,8 +167,9 @@ def _jsonl_row(number: int, raw: bytes) -> Optional[InputRow]:
         return InputRow(number, None, f"line {number}: not JSON ({exc})")
     if not isinstance(data, dict):
         return InputRow(number, None, f"line {number}: expected a JSON object, got {type(data).__name__}")
-    if _depth_over(data, MAX_JSON_DEPTH):
-        return InputRow(number, None, f"line {number}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    problem = _json_problem(data, MAX_JSON_DEPTH)
+    if problem is not None:
+        return InputRow(number, None, f"line {number}: {problem}")
     return InputRow(number, data)
 
 
@@ -205,9 +214,9 @@ def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[Inp
     """Records of a JSONL, CSV or Parquet file, in file order.
 
     A line that cannot be read (not UTF-8, not JSON, not an object, nested deeper than
-    :data:`MAX_JSON_DEPTH`; a CSV record that is not UTF-8 or not CSV) is an ``InputRow`` with
-    ``error`` set and its line number, not an exception; blank JSONL lines are skipped. CSV
-    fields may be of any length. Raises ``OSError`` when the file cannot be opened,
+    :data:`MAX_JSON_DEPTH`, a string with a lone surrogate; a CSV record that is not UTF-8 or
+    not CSV) is an ``InputRow`` with ``error`` set and its line number, not an exception;
+    blank JSONL lines are skipped. CSV fields may be of any length. Raises ``OSError`` when the file cannot be opened,
     ``ValueError`` for an unknown format and ``ImportError`` for Parquet without pyarrow."""
     path = Path(path)
     kind = _format_of(path, fmt)
@@ -258,12 +267,15 @@ class AtomicFile:
 
     def __init__(self, path: Union[str, Path]):
         self.path = Path(path)
-        target = Path(os.path.realpath(self.path))
-        self.direct = target.exists() and not target.is_file()
+        try:
+            self.direct = not stat.S_ISREG(os.stat(self.path).st_mode)  # /dev/stdout: a pipe
+        except FileNotFoundError:  # a new file, or a symlink to one
+            self.direct = False
         if self.direct:
-            self.target, self.temp = target, target
-            self.handle = open(target, "wb", buffering=0)
+            self.target = self.temp = self.path
+            self.handle = open(self.path, "wb", buffering=0)
             return
+        target = Path(os.path.realpath(self.path))
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         os.fchmod(fd, _new_file_mode(target))
@@ -364,7 +376,8 @@ class RowWriter:
         if self.kind != "jsonl":
             self.pending.append(row)
             return
-        # lone surrogates (from "\ud800" escapes in the input) become the same JSON escapes
+        # lone surrogates (read_rows refuses them; a caller's own rows may hold them) are
+        # written as the JSON escapes they came from
         line = (json.dumps(row, ensure_ascii=False, default=str) + "\n").encode("utf-8", "backslashreplace")
         try:
             _write_all(self._out.handle, line)
@@ -406,4 +419,5 @@ class RowWriter:
 
         rows = [{k: (json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, dict) else v) for k, v in r.items()} for r in self.pending]
         table, self.stringified = arrow_table(rows)
-        pq.write_table(table, self._out.handle)
+        with io.BufferedWriter(self._out.handle) as buffered:
+            pq.write_table(table, buffered)

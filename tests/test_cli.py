@@ -228,6 +228,7 @@ def test_undecodable_and_over_nested_lines_are_reported_and_the_run_goes_on(serv
         b'{"question": "Where is Lyon?", "answer": "Lyon \xff\xfe is in France."}',
         b'{"a": ' * 300 + b"1" + b"}" * 300,  # parses, deeper than the limit
         b"[" * 100000 + b"]" * 100000,  # json itself gives up (RecursionError)
+        b'{"question": "Where is Nice?", "answer": "Nice \\ud800 is in France."}',  # half a UTF-16 pair
         json.dumps({"question": "Where is Lille?", "answer": "Lille is in France."}).encode(),
     ]
     data.write_bytes(b"\n".join(lines) + b"\n")
@@ -235,10 +236,11 @@ def test_undecodable_and_over_nested_lines_are_reported_and_the_run_goes_on(serv
     proc = run_cli(server, data, "-o", out)
     assert proc.returncode == 0, proc.stderr
     rows = read_output(out)
-    assert [r["status"] for r in rows] == ["scored", "invalid_input", "invalid_input", "invalid_input", "scored"]
-    assert [r.get("line") for r in rows[1:4]] == [2, 3, 4]
+    assert [r["status"] for r in rows] == ["scored", "invalid_input", "invalid_input", "invalid_input", "invalid_input", "scored"]
+    assert [r.get("line") for r in rows[1:5]] == [2, 3, 4, 5]
     assert "line 2: not UTF-8" in rows[1]["error"] and "line 3: JSON nested deeper" in rows[2]["error"] and "line 4: JSON nested too deeply" in rows[3]["error"]
-    assert summary_of(proc.stderr)["failures"] == {"invalid_input": 3}
+    assert "line 5: a string with a lone surrogate" in rows[4]["error"]
+    assert summary_of(proc.stderr)["failures"] == {"invalid_input": 4} and "Traceback" not in proc.stderr
 
 
 def test_csv_with_a_field_over_128_kib_and_an_undecodable_record(server, tmp_path):
