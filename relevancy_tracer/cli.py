@@ -178,10 +178,14 @@ def cmd_score(args: argparse.Namespace) -> int:
     mapping = ColumnMapping(question=args.question_column, answer=args.answer_column, contexts=args.contexts_column)
     _refuse_same_file(args.input, args.output)
     with _StopSignals() as signals:
-        rows = list(read_rows(args.input, args.format))
-        if args.limit is not None:
-            rows = rows[: args.limit]
-        if signals.signum is not None:  # stopped while reading: nothing scored, nothing written
+        rows: list[InputRow] = []
+        for row in read_rows(args.input, args.format):
+            if signals.signum is not None:  # stopped while reading: nothing scored, nothing written
+                return signals.exit_status
+            if args.limit is not None and len(rows) >= args.limit:
+                break
+            rows.append(row)
+        if signals.signum is not None:
             return signals.exit_status
         return _score_file(args, engine, mapping, rows, signals)
 
