@@ -216,10 +216,17 @@ def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[Inp
     A line that cannot be read (not UTF-8, not JSON, not an object, nested deeper than
     :data:`MAX_JSON_DEPTH`, a string with a lone surrogate; a CSV record that is not UTF-8 or
     not CSV) is an ``InputRow`` with ``error`` set and its line number, not an exception;
-    blank JSONL lines are skipped. CSV fields may be of any length. Raises ``OSError`` when the file cannot be opened,
-    ``ValueError`` for an unknown format and ``ImportError`` for Parquet without pyarrow."""
+    blank JSONL lines are skipped. CSV fields may be of any length.
+
+    Raises ``OSError`` when the file cannot be opened, ``ValueError`` for an unknown format or a
+    JSONL/CSV file that is binary (a NUL byte in its first 8 KiB), and ``ImportError`` for
+    Parquet without pyarrow."""
     path = Path(path)
     kind = _format_of(path, fmt)
+    if kind != "parquet":
+        with open(path, "rb") as handle:
+            if b"\0" in handle.read(8192):  # as git and grep tell binary files: a NUL byte
+                raise ValueError(f"{path} is not a text file (it holds NUL bytes), so not {kind.upper()}")
     if kind == "jsonl":
         with open(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):

@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -299,6 +298,16 @@ def test_a_write_error_stops_the_run_and_keeps_every_finished_row(tmp_path, suff
     assert len(kept) >= 2 and [r["id"] for r in kept] == list(range(len(kept)))
     assert all(r["status"] == "scored" for r in kept)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_missing_or_binary_input_is_a_clean_error(server, tmp_path):
+    proc = run_cli(server, tmp_path / "missing.jsonl", "-o", tmp_path / "out.jsonl")
+    assert proc.returncode == 2 and "No such file" in proc.stderr and "Traceback" not in proc.stderr
+    binary = tmp_path / "image.jsonl"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    proc = run_cli(server, binary, "-o", tmp_path / "out.jsonl")
+    assert proc.returncode == 2 and "is not a text file" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.jsonl"] and server.requests == []
 
 
 def test_unknown_input_format_is_a_clean_error(server, tmp_path):
