@@ -147,7 +147,8 @@ class _StopSignals:
         import signal
 
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            # None: a handler installed outside Python, which cannot be put back; default then
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
     def _received(self, signum: int, _frame: Any) -> None:
         if self.signum is None:
