@@ -5,8 +5,10 @@
 writes one output row per input row, in input order: the input fields plus score, label,
 explanation, method, components, generated_questions, similarities, noncommittal,
 sub_questions, intent, status, error and usage. A progress bar and a summary (count, mean,
-quantiles, label counts, failures by status) go to stderr. Bad rows never stop the run; Ctrl-C
-writes every row finished so far and exits with status 130.
+quantiles, label counts, failures by status) go to stderr. Bad rows never stop the run. The
+output goes to a temporary file renamed over OUTPUT at the end; OUTPUT may not be INPUT. Ctrl-C
+(SIGINT) or SIGTERM writes every row finished so far and exits with status 130 or 143; a write
+error stops the run, prints the finished rows the output refused on stdout and exits with 1.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import os
 import sys
 import threading
 from collections import Counter
+from concurrent.futures import CancelledError
 from typing import Any, Callable, Optional, Sequence
 
 from .config import GENERATION_MODES, METHODS, NONCOMMITTAL_RULES, Settings
-from .dataset import ColumnMapping, InputRow, RowWriter, read_rows
+from .dataset import ColumnMapping, InputRow, RowWriter, read_rows, same_file, write_atomically
 from .result import RelevancyResult, Status
 from ._loop import process_loop
 from .scoring.engine import Engine
@@ -121,24 +124,106 @@ async def _score_rows(engine: Engine, rows: list[InputRow], mapping: ColumnMappi
     await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
 
 
+class _StopSignals:
+    """While active (in the main thread), SIGINT and SIGTERM call ``stop`` instead of raising
+    KeyboardInterrupt or killing the process, so the command ends the way it chooses and
+    keeps what it finished. A SIGINT the parent ignores (a background job) stays ignored.
+    ``signum`` is the first signal received (None: none); ``exit_status`` is 128 + signum."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self._stop: Optional[Callable[[], None]] = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopSignals":
+        import signal
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._received)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            # None: a handler installed outside Python, which cannot be put back; default then
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+    def _received(self, signum: int, _frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self._stop is not None:
+            self._stop()
+
+    def on_stop(self, stop: Callable[[], None]) -> None:
+        """Call ``stop`` on the next signal (now, if one already came)."""
+        self._stop = stop
+        if self.signum is not None:
+            stop()
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + (self.signum or 0)
+
+
+def _refuse_same_file(input_path: str, output: Optional[str]) -> None:
+    """ValueError when ``output`` is the input file (same path, symlink or hard link)."""
+    if output and same_file(input_path, output):
+        raise ValueError(f"-o {output} is the input file {input_path}; write the output to another file")
+
+
 def cmd_score(args: argparse.Namespace) -> int:
     settings = _settings_from(args)
     engine = Engine(settings)
     mapping = ColumnMapping(question=args.question_column, answer=args.answer_column, contexts=args.contexts_column)
-    rows = list(read_rows(args.input, args.format))
-    if args.limit is not None:
-        rows = rows[: args.limit]
+    _refuse_same_file(args.input, args.output)
+    with _StopSignals() as signals:
+        rows: list[InputRow] = []
+        for row in read_rows(args.input, args.format):
+            if signals.signum is not None:  # stopped while reading: nothing scored, nothing written
+                return signals.exit_status
+            if args.limit is not None and len(rows) >= args.limit:
+                break
+            rows.append(row)
+        if signals.signum is not None:
+            return signals.exit_status
+        return _score_file(args, engine, mapping, rows, signals)
+
+
+def _score_file(args: argparse.Namespace, engine: Engine, mapping: ColumnMapping, rows: list[InputRow], signals: _StopSignals) -> int:
+    """Score ``rows`` into ``args.output`` (or stdout), in input order. A signal or a write
+    error stops scoring; every finished row is still written (rows the output refused go to
+    stdout as JSONL)."""
+    if hasattr(sys.stdout, "reconfigure"):  # lone surrogates from the input must not fail a row
+        sys.stdout.reconfigure(errors="backslashreplace")
     writer = RowWriter(args.output, args.output_format) if args.output else None
     results: dict[int, RelevancyResult] = {}
     next_to_write = 0
+    unwritten: list[dict] = []  # finished rows the output refused
+    write_error: Optional[BaseException] = None
+    running: list[Any] = []  # the scoring future, cancelled by a write error
+
+    def print_row(row: dict) -> None:
+        sys.stdout.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        sys.stdout.flush()
 
     def emit(index: int) -> None:
+        nonlocal write_error
         row = output_row(rows[index].data, results[index], rows[index].line)
-        if writer is not None:
-            writer.write(row)
+        if writer is None:
+            print_row(row)
+        elif write_error is not None:
+            unwritten.append(row)
         else:
-            sys.stdout.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-            sys.stdout.flush()
+            try:
+                writer.write(row)
+            except Exception as exc:  # disk full, file too large: stop scoring, keep the rows
+                write_error = exc
+                unwritten.append(row)
+                if running:
+                    running[0].cancel()
 
     from tqdm import tqdm
 
@@ -164,17 +249,19 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     async def run_all() -> None:
         try:
-            await _score_rows(engine, rows, mapping, settings.concurrency, on_done)
+            await _score_rows(engine, rows, mapping, engine.settings.concurrency, on_done)
         finally:
             finished.set()
 
-    interrupted = False
     future = asyncio.run_coroutine_threadsafe(run_all(), process_loop().loop())
+    running.append(future)
+    # cancelling stops every in-flight evaluation; local generation stops within a token
+    signals.on_stop(future.cancel)
+    if write_error is not None:
+        future.cancel()
     try:
         future.result()
-    except KeyboardInterrupt:
-        interrupted = True
-        future.cancel()  # cancels every in-flight evaluation; local generation stops within a token
+    except CancelledError:
         finished.wait(30)
     finally:
         with lock:
@@ -182,12 +269,25 @@ def cmd_score(args: argparse.Namespace) -> int:
             bar.close()
             for index in sorted(i for i in results if i >= next_to_write):  # finished rows after a gap
                 emit(index)
-            if writer is not None:
+        if writer is not None:
+            try:
                 writer.close()
+            except Exception as exc:
+                write_error = write_error or exc
+                unwritten[:0] = writer.pending
+            for row in unwritten:
+                print_row(row)
     ordered = [results[i] for i in sorted(results)]
     summary = summarise(ordered, unfinished=len(rows) - len(results))
-    print(("interrupted: " if interrupted else "") + "summary " + json.dumps(summary, ensure_ascii=False), file=sys.stderr)
-    return 130 if interrupted else 0
+    if writer is not None and writer.stringified:
+        print(f"relevancy-tracer: warning: column(s) {', '.join(map(repr, writer.stringified))} mix types; written to {args.output} as strings", file=sys.stderr)
+    status = "stopped: " if write_error is not None else "interrupted: " if signals.signum is not None else ""
+    print(status + "summary " + json.dumps(summary, ensure_ascii=False), file=sys.stderr)
+    if write_error is not None:
+        kept = f"it holds the first {writer.written} row(s)" if writer.written else "it was left as it was"
+        print(f"relevancy-tracer: error: cannot write {args.output} ({write_error}); {kept}; the other {len(unwritten)} finished row(s) went to stdout as JSONL", file=sys.stderr)
+        return 1
+    return signals.exit_status if signals.signum is not None else 0
 
 
 def _label_of(value: Any) -> Optional[int]:
@@ -212,7 +312,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     settings = _settings_from(args).replace(calibration="none")
     engine = Engine(settings)
     mapping = ColumnMapping(question=args.question_column, answer=args.answer_column, contexts=args.contexts_column)
-    rows = [row for row in read_rows(args.input, args.format) if row.error is None]
+    _refuse_same_file(args.input, args.output)
+    rows, unread = [], 0
+    for row in read_rows(args.input, args.format):
+        if row.error is None:
+            rows.append(row)
+            continue
+        unread += 1  # the line is reported and the run goes on, as in `score`
+        if unread <= 10:
+            print(f"calibrate: skipped {row.error}", file=sys.stderr)
+    if unread > 10:
+        print(f"calibrate: skipped {unread - 10} more unreadable line(s)", file=sys.stderr)
     if args.limit is not None:
         rows = rows[: args.limit]
     labelled: list[tuple[InputRow, int]] = []
@@ -253,10 +363,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 else:
                     failures[result.status] += 1
 
-        try:
-            process_loop().run(lambda: _score_rows(engine, [row for row, _ in labelled], mapping, settings.concurrency, on_done))
-        finally:
-            bar.close()
+        with _StopSignals() as signals:
+            future = process_loop().submit(lambda: _score_rows(engine, [row for row, _ in labelled], mapping, settings.concurrency, on_done))
+            signals.on_stop(future.cancel)
+            try:
+                future.result()
+            except CancelledError:
+                pass
+            finally:
+                bar.close()
+        if signals.signum is not None:
+            print(f"calibrate: interrupted after {len(raws)} of {len(labelled)} rows; no calibration written ({args.output} is as it was)", file=sys.stderr)
+            return signals.exit_status
     kept = sorted(raws)
     raw = np.asarray([raws[i] for i in kept], dtype=float)
     labels = np.asarray([labelled[i][1] for i in kept], dtype=int)
@@ -302,8 +420,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"{'bin':>11}  {'rows':>5}  {'mean probability':>16}  {'observed relevant':>17}")
     for row in table:
         print(f"{row['low']:.1f} - {row['high']:.1f}  {row['count']:>5}  {row['mean_probability']:>16.3f}  {row['observed']:>17.3f}")
-    with open(args.output, "w", encoding="utf-8") as out:
-        out.write(calibration.to_json() + "\n")
+    write_atomically(args.output, calibration.to_json() + "\n")
     print(f"\nwritten: {args.output} (use it with calibration={args.output} or RELEVANCY_TRACER_CALIBRATION={args.output})")
     return 0
 
@@ -367,10 +484,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_backfill(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .service.backfill import backfill
+    from .service.backfill import Backfill
 
-    report = backfill(args.phoenix, args.project, _settings_from(args), since=args.since, state=Path(args.state) if args.state else None)
-    print(json.dumps({"seen": report.seen, "already_annotated": report.already_annotated, "scored": report.scored, "failed": report.failed}))
+    run = Backfill(args.phoenix, args.project, _settings_from(args), since=args.since, state=Path(args.state) if args.state else None)
+    with _StopSignals() as signals:  # SIGINT/SIGTERM: annotate what is finished, keep the cursor
+        signals.on_stop(run.stop)
+        report = run.run()
+    print(json.dumps({"seen": report.seen, "already_annotated": report.already_annotated, "scored": report.scored, "failed": report.failed, **({"interrupted": True} if report.interrupted else {})}))
+    if signals.signum is not None:
+        return signals.exit_status
     return 0 if report.failed == 0 else 1
 
 

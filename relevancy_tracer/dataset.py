@@ -10,8 +10,12 @@ callable ``fn(row) -> value``.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
+import stat
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
@@ -121,30 +125,116 @@ def _format_of(path: Path, explicit: Optional[str] = None) -> str:
     raise ValueError(f"cannot tell the format of {path} (use .jsonl, .csv or .parquet, or --format)")
 
 
+MAX_JSON_DEPTH = 200
+"""Deepest nesting of arrays and objects a JSONL line may have; deeper lines are reported as
+invalid (``json`` itself fails with RecursionError near 1000 levels, and output rows are
+serialised again further down the stack)."""
+
+
+def _json_problem(value: Any, limit: int) -> Optional[str]:
+    """What makes parsed JSON unusable, or None: lists/dicts nested more than ``limit`` levels,
+    or a string holding a lone surrogate (a ``"\\ud800"`` escape: not Unicode text, which no
+    model API accepts)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a string with a lone surrogate (\\u escape of half a UTF-16 pair)"
+        elif isinstance(item, (dict, list)):
+            if depth > limit:
+                return f"JSON nested deeper than {limit} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def _jsonl_row(number: int, raw: bytes) -> Optional[InputRow]:
+    """One JSONL line as an InputRow (None for a blank line); never raises."""
+    try:
+        line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+    except UnicodeDecodeError as exc:
+        return InputRow(number, None, f"line {number}: not UTF-8 (byte {exc.start + 1}: {raw[exc.start:exc.start + 1]!r})")
+    if not line.strip():
+        return None
+    try:
+        data = json.loads(line)
+    except RecursionError:
+        return InputRow(number, None, f"line {number}: JSON nested too deeply")
+    except ValueError as exc:
+        return InputRow(number, None, f"line {number}: not JSON ({exc})")
+    if not isinstance(data, dict):
+        return InputRow(number, None, f"line {number}: expected a JSON object, got {type(data).__name__}")
+    problem = _json_problem(data, MAX_JSON_DEPTH)
+    if problem is not None:
+        return InputRow(number, None, f"line {number}: {problem}")
+    return InputRow(number, data)
+
+
+def _not_utf8(record: dict) -> Optional[str]:
+    """The first field of a CSV record (read with ``surrogateescape``) holding bytes that are
+    not UTF-8, or None."""
+    for key, value in record.items():
+        for text in (key, value) if not isinstance(value, list) else (key, *value):
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    return str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+    return None
+
+
+def _csv_rows(path: Path) -> Iterator[InputRow]:
+    # Fields are as long as the data has them: the csv module's default cap (128 KiB) would
+    # abort the whole run on one long answer; the length limits apply later, when scoring.
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
+        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+        reader = csv.DictReader(handle, delimiter=delimiter)
+        number = 1
+        while True:
+            number += 1
+            try:
+                record = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                yield InputRow(number, None, f"line {number}: not CSV ({exc})")
+                continue
+            column = _not_utf8(record)
+            if column is not None:
+                yield InputRow(number, None, f"line {number}: not UTF-8 (column {column!r})")
+                continue
+            yield InputRow(number, dict(record))
+
+
 def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[InputRow]:
-    """Records of a JSONL, CSV or Parquet file. A malformed JSONL line is an ``InputRow`` with
-    ``error`` set and its line number, not an exception; blank lines are skipped."""
+    """Records of a JSONL, CSV or Parquet file, in file order.
+
+    A line that cannot be read (not UTF-8, not JSON, not an object, nested deeper than
+    :data:`MAX_JSON_DEPTH`, a string with a lone surrogate; a CSV record that is not UTF-8 or
+    not CSV) is an ``InputRow`` with ``error`` set and its line number, not an exception;
+    blank JSONL lines are skipped. CSV fields may be of any length.
+
+    Raises ``OSError`` when the file cannot be opened, ``ValueError`` for an unknown format or a
+    JSONL/CSV file that is binary (a NUL byte in its first 8 KiB), and ``ImportError`` for
+    Parquet without pyarrow."""
     path = Path(path)
     kind = _format_of(path, fmt)
+    if kind != "parquet":
+        with open(path, "rb") as handle:
+            if b"\0" in handle.read(8192):  # as git and grep tell binary files: a NUL byte
+                raise ValueError(f"{path} is not a text file (it holds NUL bytes), so not {kind.upper()}")
     if kind == "jsonl":
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    data = json.loads(line)
-                except ValueError as exc:
-                    yield InputRow(number, None, f"line {number}: not JSON ({exc})")
-                    continue
-                if not isinstance(data, dict):
-                    yield InputRow(number, None, f"line {number}: expected a JSON object, got {type(data).__name__}")
-                    continue
-                yield InputRow(number, data)
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                row = _jsonl_row(number, raw)
+                if row is not None:
+                    yield row
     elif kind == "csv":
-        with open(path, encoding="utf-8", newline="") as handle:
-            delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-            for number, record in enumerate(csv.DictReader(handle, delimiter=delimiter), start=2):
-                yield InputRow(number, dict(record))
+        yield from _csv_rows(path)
     else:
         try:
             import pyarrow.parquet as pq
@@ -154,49 +244,187 @@ def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[Inp
             yield InputRow(number, record)
 
 
+def same_file(first: Union[str, Path], second: Union[str, Path]) -> bool:
+    """Whether two paths name one file: the same path, a symlink to it, or a hard link (same
+    device and inode). False when either does not exist."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
+def _new_file_mode(target: Path) -> int:
+    """Permission bits for a file replacing ``target``: the old file's, else 0666 less the umask."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+class AtomicFile:
+    """A file written under a temporary name in its directory and renamed over ``path`` by
+    :meth:`commit`, so ``path`` never holds a half-written file: it keeps its old content
+    until the rename. A symlink ``path`` stays a link (its target is replaced); a path that
+    exists and is not a regular file (``/dev/null``, a FIFO) is written directly.
+
+    ``handle`` is the open binary file. Raises ``OSError`` when the directory cannot be
+    created or written."""
+
+    def __init__(self, path: Union[str, Path]):
+        self.path = Path(path)
+        try:
+            self.direct = not stat.S_ISREG(os.stat(self.path).st_mode)  # /dev/stdout: a pipe
+        except FileNotFoundError:  # a new file, or a symlink to one
+            self.direct = False
+        if self.direct:
+            self.target = self.temp = self.path
+            self.handle = open(self.path, "wb", buffering=0)
+            return
+        target = Path(os.path.realpath(self.path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.fchmod(fd, _new_file_mode(target))
+        self.target, self.temp = target, Path(name)
+        self.handle = open(fd, "wb", buffering=0)
+
+    def commit(self) -> None:
+        """Close the file and rename it over the target."""
+        self.handle.close()
+        if not self.direct:
+            os.replace(self.temp, self.target)
+
+    def discard(self) -> None:
+        """Close and delete the temporary file; the target is left as it was."""
+        self.handle.close()
+        if not self.direct:
+            self.temp.unlink(missing_ok=True)
+
+
+def write_atomically(path: Union[str, Path], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through :class:`AtomicFile`: an interruption or a
+    write error leaves the old file (or none), never a truncated one."""
+    out = AtomicFile(path)
+    try:
+        _write_all(out.handle, text.encode("utf-8"))
+    except BaseException:
+        out.discard()
+        raise
+    out.commit()
+
+
+def _write_all(handle: Any, data: bytes) -> None:
+    """Write every byte of ``data`` to an unbuffered binary file (``write`` may be partial)."""
+    view = memoryview(data)
+    while view:
+        view = view[handle.write(view) :]
+
+
+def _as_text(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str) if isinstance(value, (dict, list, tuple)) else str(value)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def arrow_table(rows: list[dict]) -> tuple[Any, list[str]]:
+    """A pyarrow Table of ``rows`` (columns: the union of their keys, in first-seen order;
+    missing values are null) and the names of the columns Arrow could not type (mixed int and
+    str, lists of mixed items, ...), which are written as strings (lists and dicts as JSON)."""
+    import pyarrow as pa
+
+    names = list(dict.fromkeys(key for row in rows for key in row))
+    columns, stringified = [], []
+    for name in names:
+        values = [row.get(name) for row in rows]
+        try:
+            columns.append(pa.array(values))
+        except Exception:  # ArrowInvalid, ArrowTypeError, OverflowError, UnicodeEncodeError, ...
+            columns.append(pa.array([_as_text(v) for v in values], type=pa.string()))
+            stringified.append(name)
+    return pa.Table.from_arrays(columns, names=names), stringified
+
+
 class RowWriter:
-    """Writes output rows to JSONL (streamed, one flushed line per row), or CSV or Parquet
-    (buffered and written at :meth:`close`, so columns are the union over all rows)."""
+    """Writes output rows to JSONL (streamed, one line written per row), or CSV or Parquet
+    (buffered and written at :meth:`close`, so columns are the union over all rows).
+
+    Everything goes to a temporary file in the output's directory (:class:`AtomicFile`),
+    renamed over ``path`` by :meth:`close`: until then ``path`` keeps its old content.
+
+    Errors: the constructor raises ``OSError`` when the output directory cannot be written.
+    :meth:`write` (JSONL) raises ``OSError`` when the disk refuses a row; the file is cut back
+    to the rows written whole, and :meth:`close` still renames it. :meth:`close` raises when
+    the CSV/Parquet file cannot be written; ``path`` then keeps its old content and
+    :attr:`pending` holds the rows.
+
+    Attributes:
+        written: rows in the output file so far (JSONL), or after a successful close.
+        pending: rows accepted but not in the output file (CSV/Parquet until closed).
+        stringified: Parquet columns of mixed types written as strings.
+    """
 
     def __init__(self, path: Union[str, Path], fmt: Optional[str] = None):
         self.path = Path(path)
         self.kind = _format_of(self.path, fmt)
-        self._buffer: list[dict] = []
-        self._handle: Any = None
+        self.pending: list[dict] = []
+        self.written = 0
+        self.stringified: list[str] = []
         if self.kind == "parquet":
             try:
                 import pyarrow  # noqa: F401
             except ImportError as exc:
                 raise ImportError("Parquet needs pyarrow: pip install 'relevancy-tracer[pandas]'") from exc
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.kind == "jsonl":
-            self._handle = open(self.path, "w", encoding="utf-8")
+        self._out = AtomicFile(self.path)
+        self._size = 0
 
     def write(self, row: dict) -> None:
-        if self.kind == "jsonl":
-            self._handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-            self._handle.flush()
-        else:
-            self._buffer.append(row)
+        if self.kind != "jsonl":
+            self.pending.append(row)
+            return
+        # lone surrogates (read_rows refuses them; a caller's own rows may hold them) are
+        # written as the JSON escapes they came from
+        line = (json.dumps(row, ensure_ascii=False, default=str) + "\n").encode("utf-8", "backslashreplace")
+        try:
+            _write_all(self._out.handle, line)
+        except OSError:
+            if not self._out.direct:
+                os.ftruncate(self._out.handle.fileno(), self._size)  # no half line
+            raise
+        self._size += len(line)
+        self.written += 1
 
     def close(self) -> None:
         if self.kind == "jsonl":
-            self._handle.close()
+            self._out.commit()
             return
-        # nested values become JSON text in flat formats
-        rows = [{k: (json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, (dict, list)) and (self.kind == "csv" or isinstance(v, dict)) else v) for k, v in r.items()} for r in self._buffer]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        if self.kind == "csv":
-            fields: dict[str, None] = {}
-            for row in rows:
-                fields.update(dict.fromkeys(row))
-            with open(tmp, "w", encoding="utf-8", newline="") as handle:
-                writer = csv.DictWriter(handle, fieldnames=list(fields))
-                writer.writeheader()
-                writer.writerows(rows)
-        else:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+        try:
+            if self.kind == "csv":
+                self._write_csv()
+            else:
+                self._write_parquet()
+        except BaseException:
+            self._out.discard()
+            raise
+        self._out.commit()
+        self.written, self.pending = len(self.pending), []
 
-            pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, self.path)
+    def _write_csv(self) -> None:
+        # nested values become JSON text in flat formats
+        rows = [{k: (json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, (dict, list)) else v) for k, v in r.items()} for r in self.pending]
+        fields: dict[str, None] = {}
+        for row in rows:
+            fields.update(dict.fromkeys(row))
+        with io.TextIOWrapper(io.BufferedWriter(self._out.handle), encoding="utf-8", errors="backslashreplace", newline="") as text:
+            writer = csv.DictWriter(text, fieldnames=list(fields))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def _write_parquet(self) -> None:
+        import pyarrow.parquet as pq
+
+        rows = [{k: (json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, dict) else v) for k, v in r.items()} for r in self.pending]
+        table, self.stringified = arrow_table(rows)
+        with io.BufferedWriter(self._out.handle) as buffered:
+            pq.write_table(table, buffered)

@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -122,33 +121,193 @@ def test_method_flag_and_stdout_output(server):
     assert len(rows) == 2 and all(r["method"] == "direct" and r["components"] == {"direct": pytest.approx(0.8)} for r in rows)
 
 
-def test_ctrl_c_keeps_finished_rows(tmp_path):
-    with FakeOpenAIServer(chat_delay=0.4) as server:
-        data = tmp_path / "in.jsonl"
-        data.write_text("".join(json.dumps({"question": f"Where is town {i}?", "answer": f"Town {i} is in France."}) + "\n" for i in range(40)))
-        out = tmp_path / "out.jsonl"
-        env = cli_env(server)
-        env["RELEVANCY_TRACER_CONCURRENCY"] = "1"
-        # SIG_DFL in the child: a shell running the suite in the background (`make test &`)
-        # passes SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "relevancy_tracer.cli", "score", str(data), "-o", str(out), "--no-progress"],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 2):
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+def start_cli(server, command, *args, rlimit_fsize=None, **env):
+    """The CLI as a child process (stdout and stderr piped). SIGINT is SIG_DFL in the child: a
+    shell running the suite in the background (`make test &`) passes SIGINT ignored, and the
+    CLI keeps an ignored SIGINT ignored. ``rlimit_fsize``: the child's largest file, in bytes
+    (writes beyond it fail with EFBIG, as on a full disk)."""
+    import resource
+
+    def child_setup():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if rlimit_fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (rlimit_fsize, rlimit_fsize))
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "relevancy_tracer.cli", command, *map(str, args), "--no-progress"],
+        env={**cli_env(server), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=child_setup,
+    )
+
+
+def towns(path, count):
+    path.write_text("".join(json.dumps({"id": i, "question": f"Where is town {i}?", "answer": f"Town {i} is in France."}) + "\n" for i in range(count)))
+    return path
+
+
+def read_output(path):
+    if path.suffix == ".jsonl":
+        return [json.loads(l) for l in path.read_text().splitlines()]
+    if path.suffix == ".csv":
+        with open(path, newline="") as handle:
+            return list(csv.DictReader(handle))
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def write_output(path, rows):
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif path.suffix == ".csv":
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def wait_rows_finished(server, rows):
+    """With one row at a time, each row sends one embeddings request: when row ``rows + 1``
+    sends it, the first ``rows`` rows are finished and handed to the writer."""
+    assert server.wait_for_requests("embeddings", rows + 1, timeout=60)
+
+
+@pytest.mark.parametrize("sig,suffix", [(signal.SIGINT, ".jsonl"), (signal.SIGTERM, ".csv"), (signal.SIGTERM, ".parquet")], ids=["sigint-jsonl", "sigterm-csv", "sigterm-parquet"])
+def test_signal_keeps_finished_rows_and_the_old_output_until_the_end(tmp_path, sig, suffix):
+    with FakeOpenAIServer(chat_delay=0.2) as server:
+        data = towns(tmp_path / "in.jsonl", 40)
+        out = tmp_path / f"out{suffix}"
+        write_output(out, [{"question": "old", "score": 0.5}])
+        proc = start_cli(server, "score", data, "-o", out, RELEVANCY_TRACER_CONCURRENCY="1")
+        wait_rows_finished(server, 3)
+        assert read_output(out)[0]["question"] == "old"  # the output is replaced at the end only
+        temps = [p for p in tmp_path.iterdir() if p.name.startswith(f".out{suffix}.")]
+        assert len(temps) == 1
+        if suffix == ".jsonl":  # streamed into the temporary file
+            assert len(temps[0].read_text().splitlines()) >= 3
+        proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
-    rows = [json.loads(l) for l in out.read_text().splitlines()]
-    assert 2 <= len(rows) < 40 and all(r["status"] == "scored" for r in rows)
+    assert proc.returncode == 128 + sig, stderr
+    rows = read_output(out)
+    assert 3 <= len(rows) < 40 and all(r["status"] == "scored" for r in rows)
     assert [r["question"] for r in rows] == [f"Where is town {i}?" for i in range(len(rows))]
     summary = summary_of(stderr)
     assert "interrupted" in stderr and summary["not_scored_interrupted"] == 40 - len(rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["in.jsonl", out.name])  # no temporary file left
+
+
+def test_output_equal_to_the_input_is_refused(server, tmp_path):
+    import os
+
+    data = towns(tmp_path / "in.jsonl", 3)
+    before = data.read_bytes()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.jsonl").symlink_to(data)
+    os.link(data, tmp_path / "hard.jsonl")
+    for output in (data, tmp_path / "sub" / ".." / "in.jsonl", tmp_path / "link.jsonl", tmp_path / "hard.jsonl"):
+        proc = run_cli(server, data, "-o", output)
+        assert proc.returncode == 2 and "is the input file" in proc.stderr, (output, proc.stderr)
+    proc = run_cli(server, tmp_path / "link.jsonl", "-o", data)  # the other way round
+    assert proc.returncode == 2 and "is the input file" in proc.stderr
+    assert data.read_bytes() == before and server.requests == []
+
+
+def test_undecodable_and_over_nested_lines_are_reported_and_the_run_goes_on(server, tmp_path):
+    data = tmp_path / "in.jsonl"
+    lines = [
+        json.dumps({"question": "Where is Paris?", "answer": "Paris is in France."}).encode(),
+        b'{"question": "Where is Lyon?", "answer": "Lyon \xff\xfe is in France."}',
+        b'{"a": ' * 300 + b"1" + b"}" * 300,  # parses, deeper than the limit
+        b"[" * 100000 + b"]" * 100000,  # json itself gives up (RecursionError)
+        b'{"question": "Where is Nice?", "answer": "Nice \\ud800 is in France."}',  # half a UTF-16 pair
+        json.dumps({"question": "Where is Lille?", "answer": "Lille is in France."}).encode(),
+    ]
+    data.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "out.jsonl"
+    proc = run_cli(server, data, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    rows = read_output(out)
+    assert [r["status"] for r in rows] == ["scored", "invalid_input", "invalid_input", "invalid_input", "invalid_input", "scored"]
+    assert [r.get("line") for r in rows[1:5]] == [2, 3, 4, 5]
+    assert "line 2: not UTF-8" in rows[1]["error"] and "line 3: JSON nested deeper" in rows[2]["error"] and "line 4: JSON nested too deeply" in rows[3]["error"]
+    assert "line 5: a string with a lone surrogate" in rows[4]["error"]
+    assert summary_of(proc.stderr)["failures"] == {"invalid_input": 4} and "Traceback" not in proc.stderr
+
+
+def test_csv_with_a_field_over_128_kib_and_an_undecodable_record(server, tmp_path):
+    data = tmp_path / "in.csv"
+    long_answer = "Paris is in France. " * 10000  # 200,000 characters
+    with open(data, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["question", "answer"])
+        writer.writeheader()
+        writer.writerow({"question": "Where is Paris?", "answer": long_answer})
+    with open(data, "ab") as handle:
+        handle.write(b'Where is Lyon?,"Lyon \xff is in France."\r\n')
+        handle.write(b"Where is Lille?,Lille is in France.\r\n")
+    out = tmp_path / "out.csv"
+    proc = run_cli(server, data, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    rows = read_output(out)
+    assert [r["status"] for r in rows] == ["scored", "invalid_input", "scored"]
+    assert rows[0]["answer"] == long_answer and rows[0]["truncated"] == "True"
+    assert "line 3: not UTF-8" in rows[1]["error"]
+
+
+def test_parquet_output_with_a_mixed_type_column_is_written_as_strings(server, tmp_path):
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "question": f"Where is town {i}?", "answer": f"Town {i} is in France.", "tags": t}) + "\n" for i, t in [(1, [1, "a"]), ("b-2", ["x"]), (3, None)]))
+    out = tmp_path / "out.parquet"
+    proc = run_cli(server, data, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: column(s) 'id', 'tags' mix types" in proc.stderr
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == ["1", "b-2", "3"] and str(table.schema.field("id").type) == "string"
+    assert table.column("tags").to_pylist() == ['[1, "a"]', '["x"]', None]
+    assert table.column("status").to_pylist() == ["scored"] * 3 and str(table.schema.field("score").type) == "double"
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_write_error_stops_the_run_and_keeps_every_finished_row(tmp_path, suffix):
+    """The child may write files of at most 6000 bytes: the output fails after a few rows
+    (JSONL) or at the end (Parquet). Rows already written stay, cut at a whole row; every
+    other finished row goes to stdout."""
+    with FakeOpenAIServer() as server:
+        data = towns(tmp_path / "in.jsonl", 30)
+        out = tmp_path / f"out{suffix}"
+        proc = start_cli(server, "score", data, "-o", out, rlimit_fsize=6000, RELEVANCY_TRACER_CONCURRENCY="1")
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert f"cannot write {out}" in stderr and "File too large" in stderr
+    written = read_output(out) if out.exists() else []
+    rescued = [json.loads(l) for l in stdout.splitlines()]
+    if suffix == ".jsonl":
+        assert 1 <= len(written) < 30 and f"it holds the first {len(written)} row(s)" in stderr
+    else:
+        assert written == [] and "it was left as it was" in stderr
+    kept = written + rescued
+    assert len(kept) >= 2 and [r["id"] for r in kept] == list(range(len(kept)))
+    assert all(r["status"] == "scored" for r in kept)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_missing_or_binary_input_is_a_clean_error(server, tmp_path):
+    proc = run_cli(server, tmp_path / "missing.jsonl", "-o", tmp_path / "out.jsonl")
+    assert proc.returncode == 2 and "No such file" in proc.stderr and "Traceback" not in proc.stderr
+    binary = tmp_path / "image.jsonl"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    proc = run_cli(server, binary, "-o", tmp_path / "out.jsonl")
+    assert proc.returncode == 2 and "is not a text file" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.jsonl"] and server.requests == []
 
 
 def test_unknown_input_format_is_a_clean_error(server, tmp_path):
@@ -156,3 +315,57 @@ def test_unknown_input_format_is_a_clean_error(server, tmp_path):
     bad.write_text("<x/>")
     proc = run_cli(server, bad)
     assert proc.returncode == 2 and "cannot tell the format" in proc.stderr
+
+
+def labelled(path, count, extra=b""):
+    """``count`` labelled rows (half relevant), then ``extra`` raw lines."""
+    rows = [{"question": f"Where is town {i}?", "answer": f"Town {i} is in France." if i % 2 else f"Bananas are yellow {i}.", "label": i % 2} for i in range(count)]
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows) + extra)
+    return path
+
+
+def test_calibrate_reports_unreadable_lines_refuses_its_input_as_output_and_writes_atomically(server, tmp_path):
+    from relevancy_tracer.scoring.calibration import Calibration
+
+    data = labelled(tmp_path / "labelled.jsonl", 12, b'{"question": "Where is Lyon?", "answer": "\xff", "label": 1}\n' + b"[" * 100000 + b"\n")
+    before = data.read_bytes()
+    (tmp_path / "link.jsonl").symlink_to(data)
+    for output in (data, tmp_path / "link.jsonl"):
+        proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "calibrate", str(data), "-o", str(output), "--no-progress"], env=cli_env(server), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "is the input file" in proc.stderr, proc.stderr
+    assert data.read_bytes() == before and server.requests == []
+    calib = tmp_path / "calib.json"
+    proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "calibrate", str(data), "-o", str(calib), "--no-progress"], env=cli_env(server), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped line 13: not UTF-8" in proc.stderr and "skipped line 14: JSON nested too deeply" in proc.stderr
+    assert Calibration.load(calib).fitted_on["rows"] == 12
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.json", "labelled.jsonl", "link.jsonl"]
+
+
+def test_calibrate_stopped_by_sigterm_keeps_the_old_calibration(tmp_path):
+    with FakeOpenAIServer(chat_delay=0.2) as server:
+        data = labelled(tmp_path / "labelled.jsonl", 30)
+        calib = tmp_path / "calib.json"
+        calib.write_text("old calibration\n")
+        proc = start_cli(server, "calibrate", data, "-o", calib, RELEVANCY_TRACER_CONCURRENCY="1")
+        wait_rows_finished(server, 2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted after" in stderr and "no calibration written" in stderr
+    assert calib.read_text() == "old calibration\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.json", "labelled.jsonl"]
+
+
+@pytest.mark.parametrize("content", [b'{"cursor": "abc', b"\xff\xfe", b"[1, 2]"], ids=["truncated", "not-utf8", "not-an-object"])
+def test_backfill_with_an_unreadable_state_file_is_a_clean_error(server, tmp_path, content):
+    """The state is read before Phoenix is contacted (nothing listens on the port given)."""
+    from relevancy_tracer._phoenix import free_port
+
+    state = tmp_path / "cursor.json"
+    state.write_bytes(content)
+    command = [sys.executable, "-m", "relevancy_tracer.cli", "backfill", "--phoenix", f"http://127.0.0.1:{free_port()}", "--project", "p", "--state", str(state)]
+    proc = subprocess.run(command, env=cli_env(server), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot read the state file {state}" in proc.stderr and "delete it" in proc.stderr and "Traceback" not in proc.stderr
+    assert state.read_bytes() == content

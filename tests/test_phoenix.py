@@ -231,6 +231,43 @@ def test_backfill_scores_stored_spans_once_and_a_second_run_scores_nothing(phoen
     assert not (tmp_path / "cursor.json").exists()  # a finished run leaves no cursor to resume
 
 
+def test_backfill_stopped_by_sigterm_annotates_what_it_finished_and_the_next_run_resumes(phoenix, tmp_path):
+    """SIGTERM while a page is being scored: the scores finished by then are annotated, the
+    run exits 143 saying it was interrupted, and the next run scores only the rest."""
+    import signal
+
+    from relevancy_tracer.phoenix import PhoenixClient
+
+    from .test_service import run_otel_only_app
+
+    project = "otel-only-stopped"
+    span_ids = [span_id for _, _, span_id in run_otel_only_app(phoenix.url, openinference=30, genai=0, project=project)]
+    phoenix.wait_for_spans(project, lambda s: len(s) >= 30, timeout=90, name=["rag.answer"])
+    state = tmp_path / "cursor.json"
+    command = [str(Path(sys.executable).parent / "relevancy-tracer"), "backfill", "--phoenix", phoenix.url, "--project", project, "--state", str(state), "--method", "ragas"]
+    with FakeOpenAIServer(chat_delay=0.2) as model:
+        env = subprocess_env(fake_model_env(model), RELEVANCY_TRACER_CONCURRENCY="1")
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        assert model.wait_for_requests("embeddings", 4, timeout=120)  # one embeddings request a span: 3 spans scored
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    first = json.loads(stdout.strip().splitlines()[-1])
+    assert first["interrupted"] and 3 <= first["scored"] < 30 and first["failed"] == 0, first
+    client = PhoenixClient(phoenix.url)
+    try:
+        assert len(client.annotated_span_ids(project, span_ids)) == first["scored"]
+        with FakeOpenAIServer() as model:
+            proc = subprocess.run(command, env=subprocess_env(fake_model_env(model)), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        second = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert second["already_annotated"] == first["scored"] and second["scored"] == 30 - first["scored"], second
+        assert client.annotated_span_ids(project, span_ids) == set(span_ids)
+    finally:
+        client.close()
+    assert not state.exists()
+
+
 @pytest.mark.browser
 def test_phoenix_trace_tree_shows_the_annotation_badge(phoenix, server, tmp_path):
     """Headless Chromium opens a trace whose answer span was annotated by the sink and finds

@@ -39,7 +39,7 @@ OTEL_ONLY_APP = textwrap.dedent(
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     assert "relevancy_tracer" not in sys.modules
-    provider = TracerProvider(resource=Resource.create({"service.name": "otel-only-app", "openinference.project.name": "otel-only"}))
+    provider = TracerProvider(resource=Resource.create({"service.name": "otel-only-app", "openinference.project.name": os.environ.get("PROJECT", "otel-only")}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     if os.environ.get("ALSO_EXPORT_TO"):  # a second backend (Phoenix), as a Collector fan-out would
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=os.environ["ALSO_EXPORT_TO"] + "/v1/traces")))
@@ -68,8 +68,8 @@ OTEL_ONLY_APP = textwrap.dedent(
 )
 
 
-def run_otel_only_app(endpoint: str, openinference: int, genai: int, also_export_to: str = "") -> list[list[str]]:
-    env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", ALSO_EXPORT_TO=also_export_to)
+def run_otel_only_app(endpoint: str, openinference: int, genai: int, also_export_to: str = "", project: str = "otel-only") -> list[list[str]]:
+    env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", ALSO_EXPORT_TO=also_export_to, PROJECT=project)
     proc = subprocess.run([sys.executable, "-c", OTEL_ONLY_APP, str(openinference), str(genai)], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

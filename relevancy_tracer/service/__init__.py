@@ -9,7 +9,7 @@ records, metrics and, optionally, Phoenix span annotations.
 """
 
 from .app import FleetWorker, ScoringService
-from .backfill import BackfillReport, backfill
+from .backfill import Backfill, BackfillReport, backfill
 from .selection import Selection
 
-__all__ = ["BackfillReport", "FleetWorker", "ScoringService", "Selection", "backfill"]
+__all__ = ["Backfill", "BackfillReport", "FleetWorker", "ScoringService", "Selection", "backfill"]
