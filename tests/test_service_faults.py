@@ -229,8 +229,8 @@ def test_a_chunked_body_is_read_and_its_span_scored(serve, backend):
 def test_a_bad_content_length_gets_400_with_a_message(serve, length):
     reply = serve.raw(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: " + length + b"\r\n\r\nabc")
     status_line, _, rest = reply.partition(b"\r\n")
-    assert status_line.split(b" ")[1].startswith(b"4"), reply[:300]
-    assert rest.partition(b"\r\n\r\n")[2].strip(), reply  # a message, not an empty answer
+    assert status_line.split(b" ")[1] == b"400", reply[:300]
+    assert b"Content-Length" in rest.partition(b"\r\n\r\n")[2], reply  # a message, not an empty answer
     assert serve.alive()
 
 
@@ -675,4 +675,4 @@ def test_after_the_attacks_serve_is_alive_with_bounded_memory(serve):
     resident memory stays well under what the gzip bomb alone used to take (400 MB)."""
     assert serve.alive()
     assert serve.post(export_request(chain_span("Where is Albi?", "Albi is in Occitania.")).SerializeToString())[0] == 200
-    assert serve.rss() < 600 * (1 << 20)
+    assert serve.rss() < 300 * (1 << 20)  # 123 MiB here
