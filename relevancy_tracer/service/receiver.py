@@ -22,8 +22,9 @@ are neither protobuf nor JSON). Connections are bounded (:class:`ReceiverLimits`
 ``max_connections`` HTTP connections (more get 503 at once), each closed when no complete request
 head arrives within ``idle_timeout`` seconds (a half-open or trickling connection, or an idle
 keep-alive); a body must arrive within ``body_timeout`` (408); at most ``max_inflight``
-bodies are read and decoded at once, so the memory of requests in flight stays under about
-``max_inflight * 2 * max_request_bytes``.
+bodies are read and decoded at once (a request waiting longer than ``body_timeout`` for its turn
+gets 503 with ``Retry-After``), so the buffers of requests in flight stay under about
+``max_inflight * 2 * max_request_bytes`` (plus the decoded messages).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class ReceiverLimits:
             start or its previous response), then it is closed. gRPC: idle connections close
             after ``10 * idle_timeout``.
         body_timeout: seconds to receive one request body (HTTP 408 after).
-        max_inflight: request bodies read and decoded at once (HTTP); gRPC handler threads.
+        max_inflight: request bodies read and decoded at once (HTTP; one waiting longer than
+            ``body_timeout`` for its turn gets 503); gRPC handler threads.
     """
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -253,7 +255,10 @@ class OTLPServer:
         if not self.tls:
             return None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(*self._tls_files)  # type: ignore[arg-type]
+        try:
+            context.load_cert_chain(*self._tls_files)  # type: ignore[arg-type]
+        except OSError as exc:  # ssl.SSLError is one
+            raise OSError(f"cannot load the TLS certificate {self._tls_files[0]} and key {self._tls_files[1]}: {exc}") from exc
         return context
 
     # ---------------------------------------------------------------- OTLP/HTTP
@@ -302,11 +307,13 @@ class OTLPServer:
         from aiohttp import web
 
         path = request.path.rstrip("/")
-        content_type = request.headers.get("Content-Type", "application/x-protobuf").lower()
-        is_json = "json" in content_type or "protobuf" not in content_type
+        declared = request.headers.get("Content-Type", "").lower()
+        content_type = declared or "application/x-protobuf"  # OTLP/HTTP's default encoding
+        is_json = "json" in content_type
+        errors_json = "protobuf" not in declared  # error bodies readable unless protobuf was asked for
 
         def error(status: int, code: int, message: str, headers: Optional[dict] = None) -> Any:
-            return web.Response(status=status, body=_encode(_status(code, message), is_json), content_type="application/json" if is_json else "application/x-protobuf", headers=headers)
+            return web.Response(status=status, body=_encode(_status(code, message), errors_json), content_type="application/json" if errors_json else "application/x-protobuf", headers=headers)
 
         if request.method in ("GET", "HEAD") and path in ("/healthz", "/health", ""):
             return web.Response(body=b'{"status":"ok"}', content_type="application/json")
@@ -325,7 +332,12 @@ class OTLPServer:
         if request.content_length is not None and request.content_length > limit:
             return error(413, RESOURCE_EXHAUSTED, f"the body ({request.content_length} bytes) exceeds max_request_bytes ({limit})")
         assert self._slots is not None and self._pool is not None
-        async with self._slots:
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.limits.body_timeout)
+        except asyncio.TimeoutError:
+            return error(503, UNAVAILABLE, "too many requests in progress; retry later", {"Retry-After": "1"})
+        decoding = None
+        try:
             if request.headers.get("Expect", "").lower() == "100-continue":
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             try:
@@ -344,7 +356,13 @@ class OTLPServer:
                 response = error(400, INVALID_ARGUMENT, f"bad request body: {exc}")
                 response.force_close()
                 return response
-            outcome = await asyncio.get_running_loop().run_in_executor(self._pool, self._decode_and_admit, body, content_type)
+            # the slot is freed when the decoding ends, even if this request is cancelled first
+            decoding = self._pool.submit(self._decode_and_admit, body, content_type)
+            decoding.add_done_callback(self._release_slot)
+            outcome = await asyncio.wrap_future(decoding)
+        finally:
+            if decoding is None:
+                self._slots.release()
         if isinstance(outcome, Admission):
             if not outcome.accepted:
                 self.count_refusal("http")
@@ -353,6 +371,14 @@ class OTLPServer:
         if isinstance(outcome, OTLPDecodeError):
             return error(400, INVALID_ARGUMENT, str(outcome))
         return error(500, INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
+
+    def _release_slot(self, _future: Any) -> None:
+        loop = self._loop
+        if loop is not None and self._slots is not None:
+            try:
+                loop.call_soon_threadsafe(self._slots.release)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
 
     async def _read_body(self, request: Any, gzip: bool) -> bytes:
         """The body, inflated when gzip, each side bounded by ``max_request_bytes``."""
