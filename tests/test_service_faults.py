@@ -307,7 +307,7 @@ def test_a_large_attribute_is_cut_to_the_content_limits(serve, model):
 # ------------------------------------------------------------------------------ gRPC
 
 
-def grpc_call(serve: Serve, body: bytes, metadata: tuple = (("authorization", f"Bearer {TOKEN}"),), credentials: Any = None) -> Any:
+def grpc_call(serve: Serve, body: bytes, metadata: tuple = (("authorization", f"Bearer {TOKEN}"),), credentials: Any = None, compression: Any = None) -> Any:
     """Raw OTLP/gRPC Export of ``body``: (status code, details, response bytes)."""
     import grpc
 
@@ -316,7 +316,7 @@ def grpc_call(serve: Serve, body: bytes, metadata: tuple = (("authorization", f"
     try:
         call = channel.unary_unary("/" + TRACES, request_serializer=None, response_deserializer=None)
         try:
-            return grpc.StatusCode.OK, "", call(body, metadata=metadata, timeout=30)
+            return grpc.StatusCode.OK, "", call(body, metadata=metadata, timeout=30, compression=compression)
         except grpc.RpcError as exc:
             return exc.code(), exc.details(), b""
     finally:
@@ -329,8 +329,9 @@ def test_grpc_answers_invalid_argument_for_undecodable_requests_and_resource_exh
 
     code, details, _ = grpc_call(serve, b"\xff\xff\xff not protobuf")
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "protobuf" in details
-    code, _, _ = grpc_call(serve, export_request(chain_span("q?", "a" * (MAX_BYTES + 10))).SerializeToString())
-    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    oversized = export_request(chain_span("q?", "a" * (MAX_BYTES + 10))).SerializeToString()
+    assert grpc_call(serve, oversized)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert grpc_call(serve, oversized, compression=grpc.Compression.Gzip)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED  # ~5 KB on the wire
     code, _, body = grpc_call(serve, export_request(chain_span("[" * 100_000, "a."), chain_span("q?", "a.", trace_id=b"")).SerializeToString())
     assert code == grpc.StatusCode.OK and ExportTraceServiceResponse.FromString(body).partial_success.rejected_spans == 1
     assert serve.alive()
