@@ -172,6 +172,7 @@ class OTLPServer:
         limits: :class:`ReceiverLimits`.
 
     Raises:
+        ValueError: only one of ``tls_cert`` / ``tls_key``.
         OSError: from :meth:`start` when a port is taken or the TLS files cannot be loaded.
     """
 
