@@ -455,8 +455,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings_from(args)
     if overrides:
         settings = settings.replace(**overrides)
-    service = ScoringService(settings, queue_url=args.queue, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port).start()
-    print(f"relevancy-tracer serve: OTLP/HTTP http://{args.host}:{service.server.http_port}/v1/traces, OTLP/gRPC {args.host}:{service.server.grpc_port}, queue {args.queue or 'in-process'}", flush=True)
+    service = ScoringService(settings, queue_url=args.queue, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, tls_cert=args.tls_cert, tls_key=args.tls_key, allow_unauthenticated=args.allow_unauthenticated).start()
+    scheme = "https" if args.tls_cert else "http"
+    print(f"relevancy-tracer serve: OTLP/HTTP {scheme}://{args.host}:{service.server.http_port}/v1/traces, OTLP/gRPC {args.host}:{service.server.grpc_port}, queue {args.queue or 'in-process'}", flush=True)
     stopped = threading.Event()
     _stop_on_signals(stopped.set)
     while not stopped.wait(0.5):
@@ -560,6 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue", help="redis://HOST:PORT/DB: queue jobs on a Redis Stream for `relevancy-tracer worker` processes (default: score in this process)")
     serve.add_argument("--phoenix-url", help="also write scores as Phoenix span annotations (default: RELEVANCY_TRACER_PHOENIX_URL)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds to finish queued evaluations on SIGTERM (default 30)")
+    serve.add_argument("--tls-cert", help="PEM certificate (chain): serve OTLP/HTTP as HTTPS and OTLP/gRPC over TLS (with --tls-key)")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    serve.add_argument("--allow-unauthenticated", action="store_true", help="listen on a non-loopback --host without RELEVANCY_TRACER_SERVICE_TOKEN (only behind a Collector or proxy that authenticates)")
     _add_model_flags(serve)
     serve.set_defaults(func=cmd_serve, calibration=None)
 

@@ -249,6 +249,8 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("redact", "callable", "", "`fn(text, field) -> str`, applied to question, answer and contexts before they are recorded or sent to a model. Argument only.", None, _check_optional_callable),
     _spec("on_result", "callable", "", "`fn(EvaluationOutcome)`, called in the worker after each evaluation ends (scored or not); exceptions are logged. Argument only.", None, _check_optional_callable),
     _spec("phoenix_url", "URL", "", "Also write each score as a Phoenix span annotation (`answer_relevancy`, upserted by evaluation id) to the Phoenix at this URL; API key from `PHOENIX_API_KEY`. Used by the decorator, `serve`, `worker` and `backfill`.", _parse_optional_str, _check_optional_str),
+    _spec("service_token", "str", "", "Bearer token `serve` requires on every export request (`Authorization: Bearer <token>`, which OpenTelemetry exporters send with `OTEL_EXPORTER_OTLP_HEADERS`); others get 401 / UNAUTHENTICATED. Without one, `serve` listens on a non-loopback address only with `--allow-unauthenticated`.", _parse_optional_str, _check_optional_str),
+    _spec("max_request_bytes", "int", "bytes", "Largest OTLP export request `serve` takes, as received and once decompressed (413 / RESOURCE_EXHAUSTED above). 16 MiB holds an SDK export batch (512 spans) whose spans carry 32 KB of text each, 4x gRPC's customary 4 MiB message limit, and bounds what one request costs in memory.", int, _check_number(1024, 1 << 31, integer=True)),
     _spec("setup_otel", "bool", "", "When the app has no TracerProvider/MeterProvider, `configure()` installs SDK ones with OTLP exporters from the standard OTEL_* variables.", _parse_bool, _check_bool),
     _spec("drift_detection", "bool", "", "Run the in-process drift detector on scores (see `relevancy_tracer.drift`).", _parse_bool, _check_bool),
 )
@@ -307,6 +309,8 @@ class Settings:
     redact: Optional[Callable[[str, str], str]] = None
     on_result: Optional[Callable[[Any], None]] = None
     phoenix_url: Optional[str] = None
+    service_token: Optional[str] = field(default=None, repr=False)
+    max_request_bytes: int = 16 * 1024 * 1024
     setup_otel: bool = True
     drift_detection: bool = True
 

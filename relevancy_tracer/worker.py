@@ -127,14 +127,18 @@ class Worker:
             self._engine.call_soon(self._wake_set)
         return True
 
-    def submit_all(self, jobs: list) -> bool:
+    def submit_all(self, jobs: list, *, admit_when_empty: bool = False) -> bool:
         """Queue every job or none (the service refuses a whole export request atomically, so
         a refused request queued nothing and can be re-sent as is). Never blocks. False when
-        there is not room for all of them (nothing is queued or finished)."""
+        there is not room for all of them (nothing is queued or finished). With
+        ``admit_when_empty``, more than ``queue_size`` jobs are taken when the queue is empty
+        (a batch larger than the bound would otherwise be refused forever)."""
         if not jobs:
             return True
         with self._lock:
-            if self._closed or len(self._queue) + len(jobs) > self.queue_size:
+            if self._closed:
+                return False
+            if len(self._queue) + len(jobs) > self.queue_size and not (admit_when_empty and not self._queue):
                 return False
             self._queue.extend(jobs)
             self._pending += len(jobs)

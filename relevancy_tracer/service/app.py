@@ -6,7 +6,10 @@ import this package.
   queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest` per span, a whole export
   request or nothing: in process (the decorator's bounded :class:`~relevancy_tracer.worker.Worker`,
   the default), or on a Redis Stream (``--queue redis://...``) for a fleet. A full queue refuses
-  the request with OTLP's retryable codes, so the exporter re-sends it.
+  the request with OTLP's retryable codes, so the exporter re-sends it; a request with more
+  spans to score than the queue's bound is admitted whole when the queue is empty, so it is
+  never refused forever. Spans with invalid ids are rejected for good (OTLP
+  ``partial_success``).
 * :class:`FleetWorker` consumes the stream as one consumer of the group: reclaims jobs of dead
   consumers first (``XAUTOCLAIM``), skips jobs already done (a re-sent or reclaimed job whose
   evaluation id is recorded), scores, writes (``writer.py``), force-flushes the exporters, and
@@ -16,6 +19,7 @@ import this package.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import threading
 import time
@@ -27,7 +31,7 @@ from ..result import Status
 from ..worker import Worker
 from .jobs import ScoreRequest
 from .otlp import spans_of
-from .receiver import DrainRate, OTLPServer
+from .receiver import Admission, DrainRate, OTLPServer, ReceiverLimits
 from .selection import Selection, SpanSelector
 from .telemetry import ServiceTelemetry
 from .writer import Scorer
@@ -72,26 +76,60 @@ class ServiceJob:
             self._drain.done()
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class ScoringService:
     """The OTLP receiver with its queue and, in process, its scorers.
 
     Args:
         settings: models, method, capture, ``concurrency``, ``queue_size``,
-            ``evaluation_timeout``, ``hold_timeout``, ``phoenix_url`` (default: from the
-            environment).
+            ``evaluation_timeout``, ``hold_timeout``, ``phoenix_url``, ``service_token``,
+            ``max_request_bytes`` (default: from the environment).
         selection: which spans to score (default: OpenInference CHAIN/AGENT/LLM and GenAI spans,
             outermost per trace, the settings' ``sample_ratio`` and ``rate_limit``).
         queue_url: ``redis://host:port/db`` to queue on a Redis Stream for a fleet of
             :class:`FleetWorker`; None to score in this process.
         host, http_port, grpc_port: where to listen (0: a free port; None: protocol off).
+        tls_cert, tls_key: PEM files: serve HTTPS and gRPC over TLS (both or neither).
+        allow_unauthenticated: listen on a non-loopback ``host`` without ``service_token``.
+        limits: the receiver's connection and time bounds (default :class:`ReceiverLimits`
+            with the settings' ``max_request_bytes``).
 
     Raises:
-        OSError: from :meth:`start` when a port is taken.
+        ValueError: a non-loopback ``host`` without ``service_token`` and without
+            ``allow_unauthenticated`` (anyone reaching the port would spend the model budget);
+            only one of ``tls_cert`` / ``tls_key``.
+        OSError: from :meth:`start` when a port is taken or the TLS files cannot be loaded.
     """
 
-    def __init__(self, settings: Optional[Settings] = None, *, selection: Optional[Selection] = None, queue_url: Optional[str] = None, host: str = "127.0.0.1", http_port: Optional[int] = 4318, grpc_port: Optional[int] = 4317):
+    def __init__(
+        self,
+        settings: Optional[Settings] = None,
+        *,
+        selection: Optional[Selection] = None,
+        queue_url: Optional[str] = None,
+        host: str = "127.0.0.1",
+        http_port: Optional[int] = 4318,
+        grpc_port: Optional[int] = 4317,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        allow_unauthenticated: bool = False,
+        limits: Optional[ReceiverLimits] = None,
+    ):
         self.settings = settings or Settings.resolve()
         s = self.settings
+        if not s.service_token and not allow_unauthenticated and not is_loopback(host):
+            raise ValueError(f"serve on {host} without a service token would let anyone who reaches the port spend the model budget: set RELEVANCY_TRACER_SERVICE_TOKEN (clients send Authorization: Bearer <token>), or pass --allow-unauthenticated when a Collector in front authenticates")
+        if s.service_token and not tls_cert and not is_loopback(host):
+            logger.warning("relevancy-tracer serve: the service token travels in clear text on %s; use --tls-cert/--tls-key or a TLS-terminating proxy", host)
         self.selector = SpanSelector(selection or Selection(sample_ratio=s.sample_ratio, rate_limit=s.rate_limit, max_contexts=s.max_contexts, max_context_chars=s.max_context_chars))
         self.drain = DrainRate()
         self.queue: Any = None
@@ -106,22 +144,35 @@ class ScoringService:
             depth = lambda: self.worker.depth  # noqa: E731
         self.telemetry = ServiceTelemetry(queue_depth=depth)
         self.scorer = None if self.queue is not None else Scorer(s, self.telemetry, PhoenixClient(s.phoenix_url) if s.phoenix_url else None)
-        self.server = OTLPServer(self.accept, host=host, http_port=http_port, grpc_port=grpc_port, retry_after=self._retry_after, on_refusal=self._refused)
+        self.limits = limits or ReceiverLimits(max_request_bytes=s.max_request_bytes)
+        # attribute texts are cut before selection parses them: one character past the largest
+        # content budget keeps the scorer's truncation visible
+        self._max_text_chars = max(s.max_question_chars, s.max_answer_chars, s.max_context_chars, s.max_content_chars) + 1
+        self.server = OTLPServer(self.accept, host=host, http_port=http_port, grpc_port=grpc_port, retry_after=self._retry_after, on_refusal=self._refused, token=s.service_token, tls_cert=tls_cert, tls_key=tls_key, limits=self.limits)
         self.accepted = 0
         self.refused = 0
 
     def start(self) -> "ScoringService":
         self.server.start()
-        logger.info("relevancy-tracer serve: OTLP/HTTP on %s:%s, OTLP/gRPC on %s:%s, queue %s", self.server.host, self.server.http_port, self.server.host, self.server.grpc_port, "redis" if self.queue is not None else "in-process")
+        logger.info("relevancy-tracer serve: OTLP/HTTP on %s:%s, OTLP/gRPC on %s:%s, queue %s, %s, %s", self.server.host, self.server.http_port, self.server.host, self.server.grpc_port, "redis" if self.queue is not None else "in-process", "TLS" if self.server.tls else "no TLS", "bearer token required" if self.settings.service_token else "no authentication")
         return self
 
-    def accept(self, request: Any) -> bool:
-        """Queue the request's selected spans, all or none; False refuses it (retryable)."""
-        candidates = self.selector.select(spans_of(request))
+    def accept(self, request: Any) -> Admission:
+        """Queue the request's selected spans, all or none.
+
+        Returns an :class:`Admission`: not accepted (retryable) when the queue has no room for
+        all of them, unless the queue is empty (a request larger than ``queue_size`` is then
+        taken whole: it is never refused forever; ``max_request_bytes`` bounds it); spans with
+        invalid trace or span ids are rejected for good and counted in ``rejected_spans``."""
         s = self.settings
+        spans = spans_of(request, self._max_text_chars)
+        valid = [span for span in spans if span.ids_valid]
+        rejected = len(spans) - len(valid)
+        message = f"{rejected} span(s) rejected: a trace id must be 16 bytes and a span id 8, not all zeros" if rejected else ""
+        candidates = self.selector.select(valid)
         requests = [ScoreRequest.from_candidate(c, s.method, s.max_question_chars, s.max_answer_chars) for c in candidates]
         if not requests:
-            return True
+            return Admission(True, rejected, message)
         if self.queue is not None:
             try:
                 ok = self.queue.offer(requests)
@@ -130,10 +181,11 @@ class ScoringService:
                 ok = False
         else:
             assert self.worker is not None and self.scorer is not None
-            ok = self.worker.submit_all([ServiceJob(self.scorer, r, s.evaluation_timeout, s.hold_timeout, self.drain) for r in requests])
-        if ok:
-            self.accepted += len(requests)
-        return ok
+            ok = self.worker.submit_all([ServiceJob(self.scorer, r, s.evaluation_timeout, s.hold_timeout, self.drain) for r in requests], admit_when_empty=True)
+        if not ok:
+            return Admission(False)
+        self.accepted += len(requests)
+        return Admission(True, rejected, message)
 
     def _retry_after(self) -> int:
         try:

@@ -4,19 +4,96 @@ OTLP/HTTP carries ``ExportTraceServiceRequest`` as binary protobuf (``applicatio
 or as OTLP/JSON (``application/json``), optionally gzip-compressed. OTLP/JSON is protobuf's JSON
 mapping with two differences the specification states: trace and span ids are hex strings (not
 base64), and enums are integers. gRPC carries the protobuf message.
+
+Hostile input is bounded here: a gzip body is inflated in a stream and stopped at the byte
+bound (:class:`GzipInflater`, :class:`RequestTooLarge`); a JSON body that is not an object, nests
+too deeply or has wrong types is an :class:`OTLPDecodeError`; attribute texts are cut to
+``max_text_chars`` and nested values to :data:`MAX_VALUE_DEPTH` levels before anything parses
+them (selection parses ``input.value`` as JSON).
 """
 
 from __future__ import annotations
 
 import base64
-import gzip
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
 class OTLPDecodeError(ValueError):
     """The request body is not an OTLP trace export (HTTP 400, gRPC INVALID_ARGUMENT)."""
+
+
+class RequestTooLarge(ValueError):
+    """The body, or its decompressed size, exceeds ``max_request_bytes`` (HTTP 413, gRPC
+    RESOURCE_EXHAUSTED)."""
+
+
+#: Levels of nested array / kvlist attribute values kept; deeper ones become None.
+MAX_VALUE_DEPTH = 16
+
+
+class GzipInflater:
+    """Inflates a gzip stream fed in pieces, never holding more than ``limit`` output bytes.
+
+    Args:
+        limit: most decompressed bytes (>= 1).
+
+    ``feed(chunk) -> bytes`` returns the next decompressed bytes and raises
+    :class:`RequestTooLarge` as soon as the output would pass ``limit`` (a 1 MiB "gzip bomb"
+    inflating to 1 GiB costs at most ``limit`` bytes and stops early), :class:`OTLPDecodeError`
+    for a corrupt stream; ``finish()`` raises :class:`OTLPDecodeError` for a truncated one.
+    Concatenated gzip members (RFC 1952) are decoded one after another.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.total = 0
+        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    def feed(self, chunk: bytes) -> bytes:
+        out = []
+        data = chunk
+        try:
+            while data:
+                piece = self._inflater.decompress(data, self.limit - self.total + 1)
+                self.total += len(piece)
+                if self.total > self.limit:
+                    raise RequestTooLarge(f"the decompressed body exceeds {self.limit} bytes")
+                out.append(piece)
+                if self._inflater.unconsumed_tail:  # output bound reached for this call: continue
+                    data = self._inflater.unconsumed_tail
+                elif self._inflater.eof and self._inflater.unused_data:  # next gzip member
+                    data = self._inflater.unused_data
+                    self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                else:
+                    data = b""
+        except zlib.error as exc:
+            raise OTLPDecodeError(f"bad gzip body: {exc}") from exc
+        return b"".join(out)
+
+    def finish(self) -> None:
+        if not self._inflater.eof:
+            raise OTLPDecodeError("bad gzip body: the stream ends before its end marker")
+
+
+def decode_body(body: bytes, content_encoding: str, limit: int) -> bytes:
+    """``body`` without its content encoding (``gzip`` or none), at most ``limit`` bytes.
+
+    Raises :class:`RequestTooLarge` (body or inflated size above ``limit``) or
+    :class:`OTLPDecodeError` (corrupt gzip, unsupported encoding)."""
+    encoding = content_encoding.strip().lower()
+    if len(body) > limit:
+        raise RequestTooLarge(f"the body exceeds {limit} bytes")
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "gzip":
+        raise OTLPDecodeError(f"unsupported Content-Encoding {content_encoding!r} (use gzip or none)")
+    inflater = GzipInflater(limit)
+    out = inflater.feed(body)
+    inflater.finish()
+    return out
 
 
 @dataclass
@@ -43,6 +120,18 @@ class ReceivedSpan:
     end_ns: int = 0
 
     @property
+    def ids_valid(self) -> bool:
+        """Trace id of 16 bytes and span id of 8, neither all zeros (OTLP's definition of a
+        valid span context); a parent id empty or of 8 bytes."""
+        return (
+            len(self.trace_id) == 32
+            and self.trace_id != "0" * 32
+            and len(self.span_id) == 16
+            and self.span_id != "0" * 16
+            and len(self.parent_span_id) in (0, 16)
+        )
+
+    @property
     def service_name(self) -> str:
         return str(self.resource.get("service.name") or "unknown_service")
 
@@ -53,28 +142,32 @@ class ReceivedSpan:
         return str(value) if value else None
 
 
-def any_value(value: Any) -> Any:
-    """A protobuf ``AnyValue`` as a Python value."""
+def any_value(value: Any, max_text_chars: Optional[int] = None, depth: int = 0) -> Any:
+    """A protobuf ``AnyValue`` as a Python value; strings cut to ``max_text_chars`` (None: whole),
+    values nested deeper than :data:`MAX_VALUE_DEPTH` as None."""
     kind = value.WhichOneof("value")
-    if kind is None:
+    if kind is None or depth > MAX_VALUE_DEPTH:
         return None
     if kind == "array_value":
-        return [any_value(v) for v in value.array_value.values]
+        return [any_value(v, max_text_chars, depth + 1) for v in value.array_value.values]
     if kind == "kvlist_value":
-        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+        return {kv.key: any_value(kv.value, max_text_chars, depth + 1) for kv in value.kvlist_value.values}
+    if kind == "string_value" and max_text_chars is not None:
+        return value.string_value[:max_text_chars]
     return getattr(value, kind)
 
 
-def attributes(items: Any) -> dict[str, Any]:
-    """Protobuf ``KeyValue`` items as a dict."""
-    return {kv.key: any_value(kv.value) for kv in items}
+def attributes(items: Any, max_text_chars: Optional[int] = None) -> dict[str, Any]:
+    """Protobuf ``KeyValue`` items as a dict (strings cut to ``max_text_chars``)."""
+    return {kv.key: any_value(kv.value, max_text_chars) for kv in items}
 
 
-def spans_of(request: Any) -> list[ReceivedSpan]:
-    """Every span of an ``ExportTraceServiceRequest`` message."""
+def spans_of(request: Any, max_text_chars: Optional[int] = None) -> list[ReceivedSpan]:
+    """Every span of an ``ExportTraceServiceRequest`` message, string attribute values cut to
+    ``max_text_chars`` characters (None: whole)."""
     out = []
     for resource_spans in request.resource_spans:
-        resource = attributes(resource_spans.resource.attributes)
+        resource = attributes(resource_spans.resource.attributes, max_text_chars)
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope.name
             for span in scope_spans.spans:
@@ -85,7 +178,7 @@ def spans_of(request: Any) -> list[ReceivedSpan]:
                         parent_span_id=span.parent_span_id.hex(),
                         name=span.name,
                         kind=int(span.kind),
-                        attributes=attributes(span.attributes),
+                        attributes=attributes(span.attributes, max_text_chars),
                         resource=resource,
                         scope=scope,
                         start_ns=int(span.start_time_unix_nano),
@@ -95,13 +188,17 @@ def spans_of(request: Any) -> list[ReceivedSpan]:
     return out
 
 
-def _hex_ids_to_base64(data: Any) -> None:
+def _objects(value: Any) -> list:
+    """The JSON objects of a list (anything else is left for the protobuf parser to reject)."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _hex_ids_to_base64(data: dict) -> None:
     """OTLP/JSON hex ids -> protobuf JSON mapping's base64, in place."""
-    for resource_spans in data.get("resourceSpans") or data.get("resource_spans") or []:
-        for scope_spans in resource_spans.get("scopeSpans") or resource_spans.get("scope_spans") or []:
-            for span in scope_spans.get("spans") or []:
-                items = [span] + list(span.get("links") or [])
-                for item in items:
+    for resource_spans in _objects(data.get("resourceSpans") or data.get("resource_spans")):
+        for scope_spans in _objects(resource_spans.get("scopeSpans") or resource_spans.get("scope_spans")):
+            for span in _objects(scope_spans.get("spans")):
+                for item in [span] + _objects(span.get("links")):
                     for key in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"):
                         value = item.get(key)
                         if isinstance(value, str) and value:
@@ -111,28 +208,40 @@ def _hex_ids_to_base64(data: Any) -> None:
                                 raise OTLPDecodeError(f"{key} {value!r} is not hex") from exc
 
 
-def parse_request(body: bytes, content_type: str = "application/x-protobuf", content_encoding: str = "") -> Any:
-    """An ``ExportTraceServiceRequest`` from an OTLP/HTTP body. Raises OTLPDecodeError."""
+def parse_request(body: bytes, content_type: str = "application/x-protobuf", content_encoding: str = "", max_bytes: Optional[int] = None) -> Any:
+    """An ``ExportTraceServiceRequest`` from an OTLP/HTTP body.
+
+    Args:
+        body: the body as received. content_type: JSON when it contains ``json``, else
+            protobuf. content_encoding: ``gzip`` or none. max_bytes: bound of the body and of
+            its decompressed size (None: no bound).
+
+    Raises:
+        OTLPDecodeError: not an OTLP trace export (also: JSON that is not an object or nests
+            too deeply, corrupt gzip). RequestTooLarge: above ``max_bytes``.
+    """
     from google.protobuf import json_format
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    if content_encoding.strip().lower() == "gzip":
-        try:
-            body = gzip.decompress(body)
-        except OSError as exc:
-            raise OTLPDecodeError(f"bad gzip body: {exc}") from exc
+    body = decode_body(body, content_encoding, max_bytes if max_bytes is not None else 1 << 62)
     request = ExportTraceServiceRequest()
     if "json" in content_type.lower():
         try:
             data = json.loads(body)
+            if not isinstance(data, dict):
+                raise OTLPDecodeError(f"bad OTLP/JSON body: an ExportTraceServiceRequest is a JSON object, not {type(data).__name__}")
             _hex_ids_to_base64(data)
             json_format.ParseDict(data, request, ignore_unknown_fields=True)
-        except (ValueError, json_format.ParseError) as exc:
+        except OTLPDecodeError:
+            raise
+        except RecursionError as exc:
+            raise OTLPDecodeError("bad OTLP/JSON body: nested too deeply") from exc
+        except (ValueError, TypeError, AttributeError, json_format.ParseError) as exc:
             raise OTLPDecodeError(f"bad OTLP/JSON body: {exc}") from exc
         return request
     try:
         request.ParseFromString(body)
-    except DecodeError as exc:
+    except (DecodeError, RecursionError) as exc:
         raise OTLPDecodeError(f"bad OTLP protobuf body: {exc}") from exc
     return request

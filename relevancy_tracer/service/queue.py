@@ -68,10 +68,12 @@ class RedisStreamQueue:
     # ---------------------------------------------------------------- receiver side
 
     def offer(self, requests: list[ScoreRequest]) -> bool:
-        """Append every request or none; False when the stream is at its bound."""
+        """Append every request or none; False when the stream is at its bound. An empty
+        stream takes a request larger than the bound whole (it would be refused forever)."""
         if not requests:
             return True
-        if self.redis.xlen(self.stream) + len(requests) > self.max_length:
+        depth = self.redis.xlen(self.stream)
+        if depth and depth + len(requests) > self.max_length:
             return False
         pipe = self.redis.pipeline(transaction=True)
         for request in requests:

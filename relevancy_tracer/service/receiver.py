@@ -1,29 +1,95 @@
 """The OTLP trace receiver of ``relevancy-tracer serve``: OTLP/HTTP (protobuf and JSON, gzip) on
-``/v1/traces`` and OTLP/gRPC ``TraceService/Export``.
+``/v1/traces`` (aiohttp's server) and OTLP/gRPC ``TraceService/Export`` (grpcio).
 
 Each export request is decoded, its candidate spans selected (``selection.py``) and offered to
-the queue as one unit. When the queue cannot take all of them the request is refused with
-OTLP's retryable codes, so exporters and Collectors re-send it: HTTP 429 with ``Retry-After``
-(seconds: the estimated time for the queue to drain enough, 1-30), gRPC ``UNAVAILABLE``. Every
-refusal is counted (``relevancy.service.refused``). A malformed body is answered 400 /
-``INVALID_ARGUMENT`` (not retryable: re-sending it would not help).
+the queue as one unit (``accept``). Answers, as the OTLP specification lays them out:
+
+* queued (or nothing to queue): HTTP 200 / gRPC OK, with ``partial_success`` counting the spans
+  rejected for good (invalid trace or span ids) and why;
+* the queue cannot take them now: HTTP 429 with ``Retry-After`` (seconds: the estimated time for
+  the queue to drain enough, 1-30), gRPC ``UNAVAILABLE`` with a ``retry-after`` trailer; both
+  retryable, so exporters and Collectors re-send; counted (``relevancy.service.refused``);
+* not an OTLP trace export (bad protobuf, JSON that is not an object or nests too deeply, corrupt
+  gzip): 400 / ``INVALID_ARGUMENT``; wrong Content-Type or Content-Encoding: 415;
+* above ``max_request_bytes``, received or once decompressed: 413 / ``RESOURCE_EXHAUSTED``;
+* no or a wrong ``Authorization: Bearer <token>`` when a token is set: 401 /
+  ``UNAUTHENTICATED``;
+* a malformed HTTP request (bad ``Content-Length``, bad chunk framing, header lines too long):
+  aiohttp's parser answers 400 with a message.
+
+Every error body is a ``google.rpc.Status`` in the request's encoding (JSON for requests that
+are neither protobuf nor JSON). Connections are bounded (:class:`ReceiverLimits`): at most
+``max_connections`` HTTP connections (more get 503 at once), each closed when no complete request
+head arrives within ``idle_timeout`` seconds (a half-open or trickling connection, or an idle
+keep-alive); a body must arrive within ``body_timeout`` (408); at most ``max_inflight``
+bodies are read and decoded at once (a request waiting longer than ``body_timeout`` for its turn
+gets 503 with ``Retry-After``), so the buffers of requests in flight stay under about
+``max_inflight * 2 * max_request_bytes`` (plus the decoded messages).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import logging
 import math
+import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .otlp import OTLPDecodeError, parse_request, spans_of
+from .otlp import GzipInflater, OTLPDecodeError, RequestTooLarge, parse_request
 
 logger = logging.getLogger("relevancy_tracer")
 
-#: accept(request message) -> True (queued, or nothing to queue) | False (refused: queue full)
-Accept = Callable[[Any], bool]
+#: Default bound of a request body and of its decompressed size (see ``max_request_bytes``).
+DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
+# google.rpc.Code values carried in error bodies (the gRPC status codes).
+INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, RESOURCE_EXHAUSTED, INTERNAL, UNAVAILABLE, UNAUTHENTICATED = 3, 4, 5, 8, 13, 14, 16
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the queue made of one export request.
+
+    Attributes:
+        accepted: False when the queue cannot take the request now (answered retryable).
+        rejected_spans: spans rejected for good (OTLP ``partial_success.rejected_spans``).
+        message: why they were rejected (``partial_success.error_message``).
+    """
+
+    accepted: bool
+    rejected_spans: int = 0
+    message: str = ""
+
+
+#: accept(ExportTraceServiceRequest) -> Admission
+Accept = Callable[[Any], Admission]
+
+
+@dataclass(frozen=True)
+class ReceiverLimits:
+    """Bounds of the receiver (all > 0).
+
+    Attributes:
+        max_request_bytes: largest body, and largest decompressed body, in bytes.
+        max_connections: HTTP connections open at once; gRPC calls in progress at once.
+        idle_timeout: seconds a connection may go without a complete request head (from its
+            start or its previous response), then it is closed. gRPC: idle connections close
+            after ``10 * idle_timeout``.
+        body_timeout: seconds to receive one request body (HTTP 408 after).
+        max_inflight: request bodies read and decoded at once (HTTP; one waiting longer than
+            ``body_timeout`` for its turn gets 503); gRPC handler threads.
+    """
+
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_connections: int = 256
+    idle_timeout: float = 15.0
+    body_timeout: float = 30.0
+    max_inflight: int = 8
 
 
 class DrainRate:
@@ -54,133 +120,349 @@ class DrainRate:
         return int(min(30, max(1, math.ceil(backlog / rate / 2))))
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
-    def _reply(self, code: int, body: bytes, content_type: str, headers: Optional[dict] = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
-        if self.path.rstrip("/") in ("/healthz", "/health", ""):
-            self._reply(200, b'{"status":"ok"}', "application/json")
-        else:
-            self._reply(404, b"{}", "application/json")
-
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
-        from google.protobuf import json_format
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-
-        server: "OTLPServer" = self.server.owner  # type: ignore[attr-defined]
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if not self.path.startswith("/v1/traces"):
-            self._reply(404, b"{}", "application/json")
-            return
-        content_type = self.headers.get("Content-Type", "application/x-protobuf")
-        is_json = "json" in content_type.lower()
-        if not is_json and "protobuf" not in content_type.lower():
-            self._reply(415, b'{"message":"use application/x-protobuf or application/json"}', "application/json")
-            return
-        try:
-            request = parse_request(body, content_type, self.headers.get("Content-Encoding", ""))
-        except OTLPDecodeError as exc:
-            self._reply(400, json_format.MessageToJson(_status(str(exc))).encode() if is_json else _status(str(exc)).SerializeToString(), content_type)
-            return
-        if not server.accept(request):
-            server.count_refusal("http")
-            seconds = server.retry_after()
-            message = _status("the scoring queue is full; retry later")
-            self._reply(429, json_format.MessageToJson(message).encode() if is_json else message.SerializeToString(), content_type, {"Retry-After": str(seconds)})
-            return
-        response = ExportTraceServiceResponse()
-        self._reply(200, json_format.MessageToJson(response).encode() if is_json else response.SerializeToString(), content_type)
-
-
-def _status(message: str) -> Any:
+def _status(code: int, message: str) -> Any:
     from google.rpc import status_pb2
 
-    return status_pb2.Status(code=8, message=message)  # RESOURCE_EXHAUSTED / INVALID_ARGUMENT detail
+    return status_pb2.Status(code=code, message=message)
+
+
+def _encode(message: Any, is_json: bool) -> bytes:
+    from google.protobuf import json_format
+
+    return json_format.MessageToJson(message, indent=None).encode() if is_json else message.SerializeToString()
+
+
+def _response(admission: Admission) -> Any:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTracePartialSuccess, ExportTraceServiceResponse
+
+    if admission.rejected_spans:
+        return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(rejected_spans=admission.rejected_spans, error_message=admission.message))
+    return ExportTraceServiceResponse()
+
+
+class _ClientErrorLog(logging.LoggerAdapter):
+    """aiohttp's server log: a malformed HTTP request is the client's error, answered 400 and
+    logged in one line at DEBUG (no traceback on stderr for each bad request)."""
+
+    def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:  # type: ignore[override]
+        self.debug(f"{msg} (%s)", *args, exc_info if isinstance(exc_info, BaseException) else "")
+
+
+class _Busy(asyncio.Protocol):
+    """A connection above ``max_connections``: answered 503 (retryable) and closed."""
+
+    BODY = b'{"code":14,"message":"too many connections; retry later"}'
+    REPLY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+
+    def connection_made(self, transport: Any) -> None:
+        transport.write(self.REPLY)
+        transport.close()
 
 
 class OTLPServer:
     """OTLP/HTTP and OTLP/gRPC trace receivers calling ``accept`` for each export request.
 
     Args:
-        accept: ``accept(ExportTraceServiceRequest) -> bool`` (False: refuse, retryable).
+        accept: ``accept(ExportTraceServiceRequest) -> Admission``.
         host: bind address. http_port, grpc_port: ports (0: a free port; None: that protocol off).
         retry_after: ``retry_after() -> int`` seconds for refusals. on_refusal: ``fn(protocol)``.
+        token: when set, every export request must carry ``Authorization: Bearer <token>``
+            (HTTP header, gRPC metadata); ``/healthz`` stays open.
+        tls_cert, tls_key: PEM files; both set: HTTPS and gRPC over TLS.
+        limits: :class:`ReceiverLimits`.
+
+    Raises:
+        ValueError: only one of ``tls_cert`` / ``tls_key``.
+        OSError: from :meth:`start` when a port is taken or the TLS files cannot be loaded.
     """
 
-    def __init__(self, accept: Accept, *, host: str = "127.0.0.1", http_port: Optional[int] = 4318, grpc_port: Optional[int] = 4317, retry_after: Callable[[], int] = lambda: 5, on_refusal: Callable[[str], None] = lambda protocol: None):
+    def __init__(
+        self,
+        accept: Accept,
+        *,
+        host: str = "127.0.0.1",
+        http_port: Optional[int] = 4318,
+        grpc_port: Optional[int] = 4317,
+        retry_after: Callable[[], int] = lambda: 5,
+        on_refusal: Callable[[str], None] = lambda protocol: None,
+        token: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        limits: ReceiverLimits = ReceiverLimits(),
+    ):
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("TLS needs both a certificate and a key file")
         self.accept = accept
         self.host = host
         self.retry_after = retry_after
         self.count_refusal = on_refusal
-        self._http: Optional[ThreadingHTTPServer] = None
+        self.limits = limits
+        self.tls = tls_cert is not None
+        self._tls_files = (tls_cert, tls_key)
+        self._token = token.encode() if token else None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
+        self._web: Any = None
+        self._listener: Any = None
+        self._slots: Optional[asyncio.Semaphore] = None
+        self._pool: Optional[ThreadPoolExecutor] = None
         self._grpc: Any = None
         self.http_port: Optional[int] = None
         self.grpc_port: Optional[int] = None
         self._want_http, self._want_grpc = http_port, grpc_port
 
+    # ---------------------------------------------------------------- shared
+
+    def authorized(self, header: Optional[str]) -> bool:
+        """Whether an ``Authorization`` value carries the token (always, when none is set)."""
+        if self._token is None:
+            return True
+        scheme, _, credentials = (header or "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self._token)
+
     def start(self) -> "OTLPServer":
-        """Bind and serve. Raises OSError when a port is taken."""
-        if self._want_http is not None:
-            httpd = ThreadingHTTPServer((self.host, self._want_http), _Handler)
-            httpd.daemon_threads = True
-            httpd.owner = self  # type: ignore[attr-defined]
-            self._http = httpd
-            self.http_port = httpd.server_address[1]
-            self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="relevancy-tracer-otlp-http", daemon=True)
-            self._thread.start()
-        if self._want_grpc is not None:
-            self._start_grpc(self._want_grpc)
+        """Bind and serve. Raises OSError when a port is taken or the TLS files are bad."""
+        try:
+            if self._want_http is not None:
+                self._start_http(self._want_http)
+            if self._want_grpc is not None:
+                self._start_grpc(self._want_grpc)
+        except BaseException:
+            self.stop(0.5)
+            raise
         return self
-
-    def _start_grpc(self, port: int) -> None:
-        from concurrent import futures
-
-        import grpc
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-
-        owner = self
-
-        class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
-                if not owner.accept(request):
-                    owner.count_refusal("grpc")
-                    context.set_trailing_metadata((("retry-after", str(owner.retry_after())),))
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "the scoring queue is full; retry later")
-                return trace_service_pb2.ExportTraceServiceResponse()
-
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="relevancy-tracer-otlp-grpc"))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
-        bound = server.add_insecure_port(f"{self.host}:{port}")
-        if bound == 0:
-            raise OSError(f"cannot listen for OTLP/gRPC on {self.host}:{port}")
-        server.start()
-        self._grpc = server
-        self.grpc_port = bound
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop receiving (in-flight requests get ``grace`` seconds)."""
         if self._grpc is not None:
             self._grpc.stop(grace).wait(grace + 1)
             self._grpc = None
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._stop_http(grace), loop).result(grace + 2)
+            except Exception:  # a timeout here leaves daemon threads only
+                logger.debug("relevancy-tracer: stopping the OTLP/HTTP server", exc_info=True)
+            loop.call_soon_threadsafe(loop.stop)
+            if self._thread is not None:
+                self._thread.join(grace + 2)
+            if not loop.is_running():
+                loop.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
+    def _ssl_context(self) -> Optional[ssl.SSLContext]:
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(*self._tls_files)  # type: ignore[arg-type]
+        except OSError as exc:  # ssl.SSLError is one
+            raise OSError(f"cannot load the TLS certificate {self._tls_files[0]} and key {self._tls_files[1]}: {exc}") from exc
+        return context
 
-def decode_spans(request: Any) -> list:
-    """The spans of a request (re-exported for the service)."""
-    return spans_of(request)
+    # ---------------------------------------------------------------- OTLP/HTTP
+
+    def _start_http(self, port: int) -> None:
+        context = self._ssl_context()
+        self._pool = ThreadPoolExecutor(max_workers=self.limits.max_inflight, thread_name_prefix="relevancy-tracer-otlp-http")
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="relevancy-tracer-otlp-http", daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._listen(port, context), loop).result(30)
+
+    async def _listen(self, port: int, context: Optional[ssl.SSLContext]) -> None:
+        from aiohttp import web
+
+        limits = self.limits
+        self._slots = asyncio.Semaphore(limits.max_inflight)
+        # keepalive_timeout is armed when a connection opens and after each response, and closes
+        # the connection unless a complete request head arrived: the header and idle timeout.
+        self._web = web.Server(self._handle, keepalive_timeout=limits.idle_timeout, auto_decompress=False, access_log=None, logger=_ClientErrorLog(logging.getLogger("relevancy_tracer.otlp_http"), {}), handler_cancellation=True, lingering_time=min(10.0, limits.body_timeout))
+
+        loop = asyncio.get_running_loop()
+        opening: dict[Any, float] = {}  # handlers made but not yet connected (accepts come in bursts)
+
+        def connection() -> asyncio.Protocol:
+            now = loop.time()
+            for handler in [h for h, made in opening.items() if h.transport is not None or now - made > limits.idle_timeout]:
+                del opening[handler]  # connected (now in .connections), or its TLS handshake failed
+            if len(self._web.connections) + len(opening) >= limits.max_connections:
+                return _Busy()
+            handler = self._web()
+            opening[handler] = now
+            return handler
+
+        self._listener = await loop.create_server(connection, self.host, port, ssl=context, backlog=128, ssl_handshake_timeout=limits.idle_timeout if context else None)
+        self.http_port = self._listener.sockets[0].getsockname()[1]
+
+    async def _stop_http(self, grace: float) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self._web is not None:
+            await self._web.shutdown(grace)
+
+    async def _handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        path = request.path.rstrip("/")
+        declared = request.headers.get("Content-Type", "").lower()
+        content_type = declared or "application/x-protobuf"  # OTLP/HTTP's default encoding
+        is_json = "json" in content_type
+        errors_json = "protobuf" not in declared  # error bodies readable unless protobuf was asked for
+
+        def error(status: int, code: int, message: str, headers: Optional[dict] = None) -> Any:
+            return web.Response(status=status, body=_encode(_status(code, message), errors_json), content_type="application/json" if errors_json else "application/x-protobuf", headers=headers)
+
+        if request.method in ("GET", "HEAD") and path in ("/healthz", "/health", ""):
+            return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+        if path != "/v1/traces":
+            return error(404, NOT_FOUND, f"no such path {request.path!r}; OTLP traces go to POST /v1/traces")
+        if request.method != "POST":
+            return error(405, INVALID_ARGUMENT, "use POST", {"Allow": "POST"})
+        if not self.authorized(request.headers.get("Authorization")):
+            return error(401, UNAUTHENTICATED, "missing or wrong bearer token (Authorization: Bearer <token>)", {"WWW-Authenticate": "Bearer"})
+        if "json" not in content_type and "protobuf" not in content_type:
+            return error(415, INVALID_ARGUMENT, "use Content-Type application/x-protobuf or application/json")
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in ("", "identity", "gzip"):
+            return error(415, INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
+        limit = self.limits.max_request_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return error(413, RESOURCE_EXHAUSTED, f"the body ({request.content_length} bytes) exceeds max_request_bytes ({limit})")
+        assert self._slots is not None and self._pool is not None
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.limits.body_timeout)
+        except asyncio.TimeoutError:
+            return error(503, UNAVAILABLE, "too many requests in progress; retry later", {"Retry-After": "1"})
+        decoding = None
+        try:
+            if request.headers.get("Expect", "").lower() == "100-continue":
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            try:
+                body = await asyncio.wait_for(self._read_body(request, encoding == "gzip"), self.limits.body_timeout)
+            except asyncio.TimeoutError:
+                response = error(408, DEADLINE_EXCEEDED, f"the body did not arrive within {self.limits.body_timeout:g} s")
+                response.force_close()
+                return response
+            except RequestTooLarge as exc:
+                return error(413, RESOURCE_EXHAUSTED, f"{exc} (max_request_bytes)")
+            except OTLPDecodeError as exc:
+                return error(400, INVALID_ARGUMENT, str(exc))
+            except web.HTTPException:
+                raise
+            except Exception as exc:  # aiohttp's payload errors: bad chunk framing, a short body
+                response = error(400, INVALID_ARGUMENT, f"bad request body: {exc}")
+                response.force_close()
+                return response
+            # the slot is freed when the decoding ends, even if this request is cancelled first
+            decoding = self._pool.submit(self._decode_and_admit, body, content_type)
+            decoding.add_done_callback(self._release_slot)
+            outcome = await asyncio.wrap_future(decoding)
+        finally:
+            if decoding is None:
+                self._slots.release()
+        if isinstance(outcome, Admission):
+            if not outcome.accepted:
+                self.count_refusal("http")
+                return error(429, UNAVAILABLE, "the scoring queue is full; retry later", {"Retry-After": str(self.retry_after())})
+            return web.Response(body=_encode(_response(outcome), is_json), content_type="application/json" if is_json else "application/x-protobuf")
+        if isinstance(outcome, OTLPDecodeError):
+            return error(400, INVALID_ARGUMENT, str(outcome))
+        return error(500, INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
+
+    def _release_slot(self, _future: Any) -> None:
+        loop = self._loop
+        if loop is not None and self._slots is not None:
+            try:
+                loop.call_soon_threadsafe(self._slots.release)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+
+    async def _read_body(self, request: Any, gzip: bool) -> bytes:
+        """The body, inflated when gzip, each side bounded by ``max_request_bytes``."""
+        limit = self.limits.max_request_bytes
+        inflater = GzipInflater(limit) if gzip else None
+        parts, received = [], 0
+        while True:
+            chunk = await request.content.readany()
+            if not chunk:
+                break
+            received += len(chunk)
+            if received > limit:
+                raise RequestTooLarge(f"the body exceeds {limit} bytes")
+            parts.append(inflater.feed(chunk) if inflater is not None else chunk)
+        if inflater is not None:
+            inflater.finish()
+        return b"".join(parts)
+
+    def _decode_and_admit(self, body: bytes, content_type: str) -> Any:
+        """Admission, or the exception that stopped it (runs on the decoding threads)."""
+        try:
+            return self.accept(parse_request(body, content_type))
+        except OTLPDecodeError as exc:
+            return exc
+        except Exception as exc:  # a bug, never a dropped connection: answered 500 and logged
+            logger.warning("relevancy-tracer: an OTLP/HTTP export request failed", exc_info=True)
+            return exc
+
+    # ---------------------------------------------------------------- OTLP/gRPC
+
+    def _start_grpc(self, port: int) -> None:
+        from concurrent import futures
+
+        import grpc
+
+        limits = self.limits
+        handler = grpc.method_handlers_generic_handler(
+            "opentelemetry.proto.collector.trace.v1.TraceService",
+            # the raw bytes come in (no deserializer): an undecodable request is answered
+            # INVALID_ARGUMENT here instead of grpcio's INTERNAL
+            {"Export": grpc.unary_unary_rpc_method_handler(self._export, request_deserializer=None, response_serializer=lambda message: message.SerializeToString())},
+        )
+        options = [
+            ("grpc.max_receive_message_length", limits.max_request_bytes),  # also bounds the decompressed size
+            ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 10_000)),
+            ("grpc.max_concurrent_streams", 100),
+        ]
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.max_inflight, thread_name_prefix="relevancy-tracer-otlp-grpc"), handlers=[handler], options=options, maximum_concurrent_rpcs=limits.max_connections)
+        address = f"{self.host}:{port}"
+        if self.tls:
+            cert, key = (open(path, "rb").read() for path in self._tls_files)  # type: ignore[arg-type]
+            bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            bound = server.add_insecure_port(address)
+        if bound == 0:
+            raise OSError(f"cannot listen for OTLP/gRPC on {address}")
+        server.start()
+        self._grpc = server
+        self.grpc_port = bound
+
+    def _export(self, raw: bytes, context: Any) -> Any:
+        import grpc
+        from google.protobuf.message import DecodeError
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        metadata = {key: value for key, value in context.invocation_metadata() if isinstance(value, str)}
+        if not self.authorized(metadata.get("authorization")):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization: Bearer <token>)")
+        try:
+            request = ExportTraceServiceRequest.FromString(raw)
+        except (DecodeError, RecursionError) as exc:
+            request, problem = None, f"bad OTLP protobuf request: {exc}"
+        if request is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        try:
+            admission = self.accept(request)
+        except Exception as exc:  # a bug: answered INTERNAL and logged
+            logger.warning("relevancy-tracer: an OTLP/gRPC export request failed", exc_info=True)
+            admission, problem = None, f"the request could not be processed: {type(exc).__name__}"
+        if admission is None:
+            context.abort(grpc.StatusCode.INTERNAL, problem)
+        if not admission.accepted:
+            self.count_refusal("grpc")
+            context.set_trailing_metadata((("retry-after", str(self.retry_after())),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the scoring queue is full; retry later")
+        return _response(admission)

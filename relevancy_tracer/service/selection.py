@@ -81,6 +81,8 @@ class Candidate:
 def _json_field(text: str, fields: Sequence[str]) -> Optional[str]:
     try:
         value = json.loads(text)
+    except RecursionError:  # nested too deeply to be a question or an answer
+        return None
     except ValueError:
         return text
     if isinstance(value, str):
@@ -139,6 +141,8 @@ def _load(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
+        except RecursionError:
+            return None
         except ValueError:
             return value
     return value
@@ -220,19 +224,24 @@ class SpanSelector:
         for key, expected in sel.attributes:
             if str(attrs.get(key)) != expected:
                 return None
-        if kind is not None:
-            if kind == A.SPAN_KIND_EVALUATOR or kind not in sel.span_kinds:
-                return None
-            found = openinference_texts(attrs)
+        if kind is not None and (kind == A.SPAN_KIND_EVALUATOR or kind not in sel.span_kinds):
+            return None
+        try:
+            found = openinference_texts(attrs) if kind is not None else None
             if found is not None:
                 return found[0], found[1], "openinference"
-        found = genai_texts(attrs)
+            found = genai_texts(attrs)
+        except RecursionError:  # JSON nested too deeply to hold a question or an answer
+            return None
         if found is not None:
             return found[0], found[1], "genai"
         return None
 
     def select(self, spans: Sequence[ReceivedSpan]) -> list[Candidate]:
-        """The candidates of one batch, filtered, outermost first, then sampled."""
+        """The candidates of one batch, filtered, outermost first, then sampled.
+
+        Linear in the number of spans: each span's ancestry is walked once per batch (memoised)
+        and each trace's RETRIEVER documents are collected once."""
         sel = self.selection
         by_trace: dict[str, dict[str, ReceivedSpan]] = {}
         for span in spans:
@@ -244,38 +253,60 @@ class SpanSelector:
                 continue
             candidates.append(Candidate(span, texts[0], texts[1], None, texts[2]))
         if sel.outermost_only and candidates:
-            chosen = {(c.span.trace_id, c.span.span_id) for c in candidates}
-            kept = []
+            chosen: dict[str, set[str]] = {}
             for candidate in candidates:
-                siblings = by_trace[candidate.span.trace_id]
-                parent = candidate.span.parent_span_id
-                nested = False
-                seen = 0
-                while parent and parent in siblings and seen < 1000:
-                    if (candidate.span.trace_id, parent) in chosen:
-                        nested = True
-                        break
-                    parent = siblings[parent].parent_span_id
-                    seen += 1
-                if not nested:
-                    kept.append(candidate)
-            candidates = kept
+                chosen.setdefault(candidate.span.trace_id, set()).add(candidate.span.span_id)
+            covered: dict[str, dict[str, bool]] = {}
+            candidates = [c for c in candidates if not _covered(c.span.parent_span_id, by_trace[c.span.trace_id], chosen[c.span.trace_id], covered.setdefault(c.span.trace_id, {}))]
         out = []
+        retrieved: dict[str, list[str]] = {}
         for candidate in candidates:
-            if not self._ratio.sample_trace_id(int(candidate.span.trace_id, 16)):
+            if not self._ratio.sample_trace_id(_trace_number(candidate.span.trace_id)):
                 continue
             if self._rate is not None and not self._rate.should_sample(None):  # type: ignore[arg-type]
                 continue
-            candidate.contexts = self._contexts(candidate.span, by_trace[candidate.span.trace_id].values())
+            candidate.contexts = self._contexts(candidate.span, by_trace[candidate.span.trace_id].values(), retrieved)
             out.append(candidate)
         return out
 
-    def _contexts(self, span: ReceivedSpan, trace_spans: Any) -> Optional[list[str]]:
+    def _contexts(self, span: ReceivedSpan, trace_spans: Any, retrieved: dict[str, list[str]]) -> Optional[list[str]]:
         from ..extraction import cap_contexts
 
         documents = span_documents(span.attributes)
         if not documents:
-            for other in trace_spans:
-                if other.attributes.get(A.OPENINFERENCE_SPAN_KIND) == "RETRIEVER":
-                    documents.extend(span_documents(other.attributes))
+            if span.trace_id not in retrieved:  # once per trace and batch
+                retrieved[span.trace_id] = [text for other in trace_spans if other.attributes.get(A.OPENINFERENCE_SPAN_KIND) == "RETRIEVER" for text in span_documents(other.attributes)]
+            documents = retrieved[span.trace_id]
         return cap_contexts(documents, self.selection.max_contexts, self.selection.max_context_chars) if documents else None
+
+
+def _trace_number(trace_id: str) -> int:
+    try:
+        return int(trace_id, 16)
+    except ValueError:
+        return 0
+
+
+def _covered(span_id: str, spans: dict[str, ReceivedSpan], chosen: set[str], memo: dict[str, bool]) -> bool:
+    """Whether ``span_id`` or one of its ancestors in ``spans`` is in ``chosen``; every span on
+    the walked path is memoised, so all the walks of a batch take linear time together. A
+    parent cycle (malformed input) ends the walk as not covered."""
+    path = []
+    on_path = set()
+    node = span_id
+    result = False
+    while node:
+        if node in memo:
+            result = memo[node]
+            break
+        if node in chosen:
+            result = True
+            break
+        if node in on_path or node not in spans:
+            break
+        on_path.add(node)
+        path.append(node)
+        node = spans[node].parent_span_id
+    for visited in path:
+        memo[visited] = result
+    return result
