@@ -190,9 +190,10 @@ class FleetWorker:
             consumer name (default host and pid).
 
     Attributes:
-        scored, skipped, reclaimed, failed, retried, dead_lettered: job counts (skipped: already
-        done; failed: final outcomes other than scored, written and acknowledged; retried: left
-        pending after a transient failure).
+        scored, skipped, failed, dead_lettered: jobs by how they ended (skipped: already done;
+        failed: a final engine outcome other than scored, written and acknowledged); each job
+        taken ends in exactly one of them. reclaimed: deliveries of pending jobs; retried:
+        deliveries that failed transiently and left the job pending.
     """
 
     def __init__(self, queue_url: str, settings: Optional[Settings] = None, *, claim_idle: float = 30.0, consumer: Optional[str] = None):
@@ -319,7 +320,6 @@ class FleetWorker:
             return
         for delivery, result, transient in written:
             if transient:  # its max_deliveries-th failure: final (the error span is written)
-                self.failed += 1
                 self._dead_letter(delivery, f"{result.status} on delivery {delivery.deliveries} of {limit}", result.status)
                 continue
             self.queue.ack(delivery.entry_id, delivery.request.evaluation_id)
