@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
 
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.phoenix import evaluation_id
@@ -328,3 +329,26 @@ def test_the_services_stop_closes_the_prometheus_listener(server, monkeypatch):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
         sock.listen(1)
+
+
+# ------------------------------------------------------------------------------ job validation
+
+_JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40), lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(changes=st.dictionaries(st.sampled_from(["evaluation_id", "trace_id", "span_id", "span_name", "service_name", "question", "answer", "method", "contexts", "project", "received_ns", "extra"]), _JSON_VALUES, max_size=4), dropped=st.sets(st.sampled_from(["evaluation_id", "trace_id", "question", "contexts"]), max_size=2))
+def test_a_queued_job_is_either_valid_or_rejected_with_a_reason(changes, dropped):
+    """Whatever a job's fields hold, reading it raises ValueError (-> a dead letter with the
+    reason) or gives a request the worker can score and write: nothing else escapes."""
+    data = dict(json.loads(job(0).to_json()), **changes)
+    for name in dropped:
+        data.pop(name, None)
+    try:
+        request = ScoreRequest.from_json(json.dumps(data))
+    except ValueError as exc:
+        assert str(exc)
+        return
+    assert all(isinstance(getattr(request, name), str) for name in ("question", "answer", "span_name", "service_name", "method"))
+    int(request.trace_id, 16), int(request.span_id, 16), int(request.evaluation_id, 16)
+    assert ScoreRequest.from_json(request.to_json()) == request

@@ -76,9 +76,9 @@ class ScoreRequest:
         if not isinstance(data, dict):
             raise ValueError("a score request is a JSON object")
         names = {f.name for f in fields(cls)}
-        unknown = sorted(str(k) for k in data if k not in names)
+        unknown = sorted(str(k)[:40] for k in data if k not in names)
         if unknown:
-            raise ValueError(f"unknown field(s): {', '.join(unknown)}")
+            raise ValueError(f"unknown field(s): {', '.join(unknown[:5])}" + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
         missing = sorted(f.name for f in fields(cls) if f.name not in data and f.default is MISSING and f.default_factory is MISSING)
         if missing:
             raise ValueError(f"missing field(s): {', '.join(missing)}")
