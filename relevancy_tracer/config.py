@@ -209,7 +209,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("llm_base_url", "URL", "", "OpenAI-compatible base URL (vLLM, Ollama, llama.cpp server, Azure's /openai/v1). Default: the client's (`OPENAI_BASE_URL` or api.openai.com).", _parse_optional_str, _check_optional_str),
     _spec("llm_api_key", "str", "", "API key for the chat endpoint. Falls back to `OPENAI_API_KEY`; a placeholder is sent to keyless local servers.", _parse_optional_str, _check_optional_str, ("OPENAI_API_KEY",)),
     _spec("embeddings", "local | openai", "", "Backend that embeds questions. Default: `local` when the `local` extra is installed, else `openai`.", str, _check_choice(BACKENDS)),
-    _spec("embedding_model", "str", "", "Embedding model. openai default `text-embedding-3-small`; local default `use-multilingual-v3` (or `all-minilm-l6-v2`).", _parse_optional_str, _check_optional_str),
+    _spec("embedding_model", "str", "", "Embedding model. openai default `text-embedding-3-small`; local default `use-multilingual-v3` (or `all-minilm-l6-v2`, extra `minilm`; `multilingual-e5-small`, extra `e5`).", _parse_optional_str, _check_optional_str),
     _spec("embedding_base_url", "URL", "", "OpenAI-compatible base URL for embeddings. Default: `llm_base_url`.", _parse_optional_str, _check_optional_str),
     _spec("embedding_api_key", "str", "", "API key for the embeddings endpoint. Default: `llm_api_key`.", _parse_optional_str, _check_optional_str),
     _spec("llm_timeout", "float", "s", "Timeout of one model HTTP request.", float, _check_number(0.001)),
