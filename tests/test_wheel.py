@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -42,10 +43,19 @@ def _run(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedPr
 def installed(tmp_path_factory):
     """(the wheel, the fresh venv's bin directory, a working directory outside the checkout)."""
     base = tmp_path_factory.mktemp("wheel")
+    # A copy of the files git sees (tracked, and untracked but not ignored): a checkout's stale
+    # build/ or *.egg-info (whose SOURCES.txt setuptools reuses) must not fill gaps the release
+    # build would have.
+    source = base / "source"
+    listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], timeout=60, cwd=ROOT).stdout
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     dist = base / "dist"
     # --no-isolation: build with this venv's setuptools (no download); the wheel is built from
     # the unpacked sdist, in a temporary directory
-    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(ROOT)], timeout=600, env=subprocess_env())
+    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source)], timeout=600, env=subprocess_env())
     wheels, sdists = list(dist.glob("*.whl")), list(dist.glob("*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, os.listdir(dist)
     venv = base / "venv"
