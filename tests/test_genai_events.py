@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import urllib.error
 import urllib.request
 from importlib import metadata
 from typing import Any, Optional
@@ -214,3 +215,157 @@ def test_a_tool_call_without_text_is_skipped_with_a_reason(app_python, server, b
         service.stop(10)
     assert service.skipped == {TOOL_CALL: 1} and service.accepted == 1
     assert [s["trace_id"] for s in evaluations(spans)] == [trace_ids[1]]
+
+
+# ------------------------------------------------------------------------------ raw OTLP: orderings, protocols, bounds
+
+TOKEN = "genai-token"
+
+
+def kv(key: str, value: Any) -> Any:
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(string_value=value))
+
+
+def chat_span(trace_id: bytes, span_id: bytes) -> bytes:
+    """A traces export request holding one ``chat`` span without content (as openai-v2 exports)."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.proto.resource.v1 import resource_pb2
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    span = trace_pb2.Span(trace_id=trace_id, span_id=span_id, name="chat gpt-4o-mini", kind=trace_pb2.Span.SPAN_KIND_CLIENT, attributes=[kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "gpt-4o-mini")])
+    return trace_service_pb2.ExportTraceServiceRequest(resource_spans=[trace_pb2.ResourceSpans(resource=resource_pb2.Resource(attributes=[kv("service.name", "raw-genai")]), scope_spans=[trace_pb2.ScopeSpans(spans=[span])])]).SerializeToString()
+
+
+def content_events(trace_id: bytes, span_id: bytes, question: str, answer: str) -> Any:
+    """A logs export request with the events openai-v2 emits by default for one call."""
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+    from opentelemetry.proto.common.v1 import common_pb2
+    from opentelemetry.proto.logs.v1 import logs_pb2
+
+    def body(value: dict) -> Any:
+        def convert(v: Any) -> Any:
+            if isinstance(v, dict):
+                return common_pb2.AnyValue(kvlist_value=common_pb2.KeyValueList(values=[common_pb2.KeyValue(key=k, value=convert(x)) for k, x in v.items()]))
+            if isinstance(v, int):
+                return common_pb2.AnyValue(int_value=v)
+            return common_pb2.AnyValue(string_value=v)
+
+        return convert(value)
+
+    records = [
+        logs_pb2.LogRecord(time_unix_nano=1, trace_id=trace_id, span_id=span_id, event_name="gen_ai.system.message", body=body({"content": "Be brief."})),
+        logs_pb2.LogRecord(time_unix_nano=2, trace_id=trace_id, span_id=span_id, event_name="gen_ai.user.message", body=body({"content": "an earlier question"})),
+        logs_pb2.LogRecord(time_unix_nano=3, trace_id=trace_id, span_id=span_id, event_name="gen_ai.user.message", body=body({"content": question})),
+        logs_pb2.LogRecord(time_unix_nano=4, trace_id=trace_id, span_id=span_id, event_name="gen_ai.choice", body=body({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}})),
+        logs_pb2.LogRecord(time_unix_nano=5, body=body({"content": "an unrelated application log"})),
+    ]
+    return logs_service_pb2.ExportLogsServiceRequest(resource_logs=[logs_pb2.ResourceLogs(scope_logs=[logs_pb2.ScopeLogs(log_records=records)])])
+
+
+def logs_json(request: Any) -> bytes:
+    """OTLP/JSON of a logs request (hex ids)."""
+    import base64
+
+    from google.protobuf import json_format
+
+    data = json_format.MessageToDict(request)
+    for resource_logs in data.get("resourceLogs", []):
+        for scope_logs in resource_logs.get("scopeLogs", []):
+            for record in scope_logs.get("logRecords", []):
+                for key in ("traceId", "spanId"):
+                    if key in record:
+                        record[key] = base64.b64decode(record[key]).hex()
+    return json.dumps(data).encode()
+
+
+def post(port: int, path: str, body: bytes, content_type: str = "application/x-protobuf", token: Optional[str] = TOKEN) -> int:
+    headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=headers), timeout=30) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_spans_and_events_join_in_either_order_over_http_json_and_grpc(server, backend):
+    """Events before the span (protobuf), the span before the events (OTLP/JSON), and events
+    over gRPC LogsService/Export: each call is scored once with the last user message and the
+    first choice; /v1/logs requires the token like /v1/traces."""
+    import grpc
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+
+    from relevancy_tracer.service import ScoringService
+
+    service = ScoringService(openai_settings(server, capture_content=True, service_token=TOKEN), http_port=0, grpc_port=0).start()
+    ids = [(os.urandom(16), os.urandom(8)) for _ in range(3)]
+    try:
+        port = service.server.http_port
+        assert post(port, "/v1/logs", content_events(*ids[0], "Where is Lyon?", "In France.").SerializeToString(), token=None) == 401
+        assert post(port, "/v1/logs", content_events(*ids[0], "Where is Lyon?", "In France.").SerializeToString()) == 200
+        assert len(service.join) == 1 and service.accepted == 0  # held: no span yet
+        assert post(port, "/v1/traces", chat_span(*ids[0])) == 200
+        assert service.accepted == 1 and len(service.join) == 0
+        assert post(port, "/v1/traces", chat_span(*ids[1])) == 200
+        assert len(service.join) == 1 and service.accepted == 1  # held: no content yet
+        assert post(port, "/v1/logs", logs_json(content_events(*ids[1], "What is the capital of Italy?", "Rome.")), "application/json") == 200
+        assert service.accepted == 2
+        assert post(port, "/v1/traces", chat_span(*ids[2])) == 200
+        with grpc.insecure_channel(f"127.0.0.1:{service.server.grpc_port}") as channel:
+            logs_service_pb2_grpc.LogsServiceStub(channel).Export(content_events(*ids[2], "How tall is Mont Blanc?", "4806 m."), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=10)
+        assert service.accepted == 3
+        assert post(port, "/v1/logs", content_events(*ids[0], "Where is Lyon?", "In France.").SerializeToString()) == 200  # re-sent: already scored
+        assert post(port, "/v1/traces", chat_span(*ids[1])) == 200
+        assert service.accepted == 3 and len(service.join) == 0
+        assert service.flush(30)
+        spans = backend.wait_for_spans(lambda s: len(evaluations(s)) >= 3, timeout=30)
+    finally:
+        service.stop(10)
+    scored = {(s["trace_id"], s["parent_span_id"]): s for s in evaluations(spans)}
+    assert set(scored) == {(t.hex(), s.hex()) for t, s in ids}
+    questions = [scored[(t.hex(), s.hex())]["attributes"][A.INPUT_VALUE] for t, s in ids]
+    assert questions == ["Where is Lyon?", "What is the capital of Italy?", "How tall is Mont Blanc?"]
+    assert scored[(ids[1][0].hex(), ids[1][1].hex())]["attributes"][A.OUTPUT_VALUE] == "Rome."
+
+
+def record(event: str, body: Any, time_ns: int = 1, span: str = "1" * 16) -> ReceivedLog:
+    return ReceivedLog(trace_id="a" * 32, span_id=span, event_name=event, body=body, attributes={}, time_ns=time_ns)
+
+
+def test_content_of_reads_every_event_form():
+    """The last user message by time is the question; the lowest choice index the answer; a
+    tool call without text and events without content are skipped with their reasons;
+    operation.details' structured messages as the latest conventions send them."""
+    join = ContentJoin(ttl=10, max_entries=10, max_chars=10_000)
+    folded = join.fold([record("gen_ai.choice", {"index": 1, "message": {"content": "second choice"}}), record("gen_ai.user.message", {"content": "last"}, time_ns=5), record("gen_ai.user.message", {"content": "first"}, time_ns=2), record("gen_ai.choice", {"index": 0, "message": {"role": "assistant", "content": [{"type": "text", "text": "first choice"}]}})])
+    assert folded[("a" * 32, "1" * 16)].outcome() == (("last", "first choice"), None)
+    assert content_of(record("gen_ai.choice", {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}}), 1).outcome() == (None, TOOL_CALL)
+    off = join.fold([record("gen_ai.user.message", None), record("gen_ai.choice", {"index": 0, "finish_reason": "stop", "message": {"role": "assistant"}})])
+    assert off[("a" * 32, "1" * 16)].outcome() == (None, CONTENT_NOT_CAPTURED)
+    details = {"gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": "Where is Lyon?"}]}], "gen_ai.output.messages": [{"role": "assistant", "parts": [{"type": "text", "content": "In France."}], "finish_reason": "stop"}]}
+    assert content_of(ReceivedLog("a" * 32, "1" * 16, "gen_ai.client.inference.operation.details", None, details), 1).outcome() == (("Where is Lyon?", "In France."), None)
+    assert content_of(record("app.log", {"content": "x"}), 1) is None
+
+
+def test_the_join_buffer_expires_by_reason_and_stays_within_its_bounds():
+    now = [0.0]
+    dropped: list[tuple[str, int]] = []
+    join = ContentJoin(ttl=30, max_entries=3, max_chars=100, on_expired=lambda reason, n: dropped.append((reason, n)), clock=lambda: now[0])
+    events = join.fold([record("gen_ai.user.message", {"content": "q" * 10}, span="2" * 16)])
+    with join.lock:
+        join.commit([], {("a" * 32, "1" * 16): Held(0.0, span=object()), ("a" * 32, "2" * 16): Held(0.0, content=events[("a" * 32, "2" * 16)])})  # type: ignore[arg-type]
+        now[0] = 29.0
+        join.expire()
+        assert len(join) == 2
+        now[0] = 30.0
+        join.expire()
+    assert len(join) == 0 and join.expired == {SPAN_WITHOUT_CONTENT: 1, CONTENT_WITHOUT_SPAN: 1} and join.chars == 0
+    with join.lock:
+        for i in range(5):  # count bound: the two oldest make room
+            join.commit([], {("b" * 32, f"{i + 1:016x}"): Held(now[0])})
+        assert len(join) == 3 and join.expired[EVICTED] == 2
+        big = join.fold([record("gen_ai.user.message", {"content": "x" * 60}, span="9" * 16), record("gen_ai.user.message", {"content": "y" * 60}, span="8" * 16)])
+        join.commit([], {("a" * 32, "9" * 16): Held(now[0], content=big[("a" * 32, "9" * 16)]), ("a" * 32, "8" * 16): Held(now[0], content=big[("a" * 32, "8" * 16)])})
+    assert join.chars <= 100 and join.expired[EVICTED] == 2 + 3 + 1  # the three held before and the older 60 characters
+    assert dropped == [(SPAN_WITHOUT_CONTENT, 1), (CONTENT_WITHOUT_SPAN, 1), (EVICTED, 1), (EVICTED, 1), (EVICTED, 4)]
