@@ -130,10 +130,13 @@ def test_datadog_variant_sends_traces_and_metrics_to_datadog():
 def test_scoring_variant_fans_traces_out_to_the_backend_and_the_scoring_fleet_by_trace_id():
     """Every trace goes to the backend and, routed by trace id over OTLP/gRPC to port 4317 of
     each resolved `serve` instance, to the scoring fleet, with retries on UNAVAILABLE (a full
-    scoring queue) and a sending queue."""
+    scoring queue) and a sending queue; logs (GenAI content events) go to the fleet through the
+    same exporter, so a span and its events reach the same instance."""
     config = load(CONTRIB_CONFIGS[2])
     exporters = config["service"]["pipelines"]["traces"]["exporters"]
     assert exporters == ["otlp/traces", "loadbalancing/scoring"]
+    assert config["service"]["pipelines"]["logs"]["exporters"] == ["loadbalancing/scoring"]
+    assert config["service"]["pipelines"]["logs"]["receivers"] == ["otlp"]
     balancer = config["exporters"]["loadbalancing/scoring"]
     assert balancer["routing_key"] == "traceID"
     assert balancer["resolver"]["dns"] == {"hostname": "${env:SCORING_SERVICE_HOSTNAME}", "port": 4317}

@@ -369,3 +369,36 @@ def test_the_join_buffer_expires_by_reason_and_stays_within_its_bounds():
         join.commit([], {("a" * 32, "9" * 16): Held(now[0], content=big[("a" * 32, "9" * 16)]), ("a" * 32, "8" * 16): Held(now[0], content=big[("a" * 32, "8" * 16)])})
     assert join.chars <= 100 and join.expired[EVICTED] == 2 + 3 + 1  # the three held before and the older 60 characters
     assert dropped == [(SPAN_WITHOUT_CONTENT, 1), (CONTENT_WITHOUT_SPAN, 1), (EVICTED, 1), (EVICTED, 1), (EVICTED, 4)]
+
+
+def test_openai_v2_app_through_rotel_to_serve(app_python, server, backend, tmp_path):
+    """collector-config/rotel.env with its exporter at `serve`: rotel forwards the app's traces
+    and its logs (the content events), and every call is scored."""
+    from relevancy_tracer._phoenix import free_port
+    from relevancy_tracer.service import ScoringService
+
+    from ._observability import ServerProcess, wait_until
+    from .test_collector import port_open, rotel_agent, rotel_env_settings
+
+    answer_chat_calls(server, ANSWERS)
+    service = ScoringService(openai_settings(server, capture_content=True), http_port=0, grpc_port=None).start()
+    grpc_port, http_port = free_port(), free_port()
+    settings = rotel_env_settings()
+    settings.update(
+        ROTEL_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{grpc_port}",
+        ROTEL_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{http_port}",
+        ROTEL_OTLP_EXPORTER_ENDPOINT=f"http://127.0.0.1:{service.server.http_port}",
+        ROTEL_OTLP_RECEIVER_METRICS_DISABLED="true",
+        ROTEL_PID_FILE=str(tmp_path / "rotel.pid"),
+        ROTEL_LOG_FILE=str(tmp_path / "rotel-agent.log"),
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROTEL_", "OTEL_"))}
+    env.update(settings)
+    try:
+        with ServerProcess([rotel_agent(), "start"], tmp_path / "rotel.log", env=env) as rotel:
+            wait_until(lambda: rotel.check_running() or (port_open(grpc_port) and port_open(http_port)), 30, "rotel's OTLP ports")
+            trace_ids = run_app(app_python, f"http://127.0.0.1:{http_port}", server, QUESTIONS, **MODES["events"])
+            spans = backend.wait_for_spans(lambda s: len(evaluations(s)) >= 3, timeout=60)
+    finally:
+        service.stop(10)
+    assert sorted(s["trace_id"] for s in evaluations(spans) if s["attributes"][A.STATUS] == "scored") == sorted(trace_ids)
