@@ -402,3 +402,66 @@ def test_openai_v2_app_through_rotel_to_serve(app_python, server, backend, tmp_p
     finally:
         service.stop(10)
     assert sorted(s["trace_id"] for s in evaluations(spans) if s["attributes"][A.STATUS] == "scored") == sorted(trace_ids)
+
+
+def test_a_full_queue_refuses_the_completing_logs_request_and_keeps_the_held_span(server, backend):
+    """Backpressure on /v1/logs as on /v1/traces: the request that completes a call is refused
+    with 429 and Retry-After while the queue is full, the held span stays, and the re-sent
+    request is joined and scored."""
+    from relevancy_tracer.service import ScoringService
+
+    from .test_service_faults import chain_span, export_request
+
+    server.chat_delay = 5.0
+    service = ScoringService(openai_settings(server, queue_size=1, concurrency=1, llm_timeout=10.0, service_token=TOKEN), http_port=0, grpc_port=None).start()
+    trace_id, span_id = os.urandom(16), os.urandom(8)
+    try:
+        port = service.server.http_port
+        assert [post(port, "/v1/traces", export_request(chain_span(f"q{i}?", f"a{i}.")).SerializeToString()) for i in range(2)] == [200, 200]
+        server.wait_for_requests("chat", 1, timeout=10)  # one running, one queued: full
+        assert post(port, "/v1/traces", chat_span(trace_id, span_id)) == 200 and len(service.join) == 1
+        events = content_events(trace_id, span_id, "Where is Lyon?", "In France.").SerializeToString()
+        assert post(port, "/v1/logs", events) == 429 and service.refused == 1
+        assert len(service.join) == 1 and service.accepted == 2  # nothing changed
+        server.chat_delay = 0.0
+        assert service.flush(30)
+        assert post(port, "/v1/logs", events) == 200 and service.accepted == 3 and len(service.join) == 0
+        assert service.flush(30)
+        spans = backend.wait_for_spans(lambda s: len(evaluations(s)) >= 3, timeout=30)
+    finally:
+        server.chat_delay = 0.0
+        service.stop(10)
+    assert (trace_id.hex(), span_id.hex()) in {(s["trace_id"], s["parent_span_id"]) for s in evaluations(spans)}
+
+
+def test_fleet_a_sigkilled_serve_loses_no_joined_call_it_acknowledged(server, backend, tmp_path):
+    """In fleet mode the join happens in `serve` before queueing: the export request that
+    completes a call is answered 200 only after its job is on the Redis Stream, so killing
+    `serve` with SIGKILL right after leaves the job there for the workers."""
+    import redis
+
+    from relevancy_tracer.phoenix import evaluation_id
+    from relevancy_tracer.service.jobs import ScoreRequest
+    from relevancy_tracer.service.queue import STREAM
+    from relevancy_tracer.testing import RedisServer
+
+    from .test_service_faults import TOKEN as SERVE_TOKEN, start_serve
+
+    with RedisServer(str(tmp_path)) as redis_server:
+        serve = start_serve(tmp_path, server, backend, "--queue", redis_server.url)
+        try:
+            trace_id, span_id = os.urandom(16), os.urandom(8)
+            assert post(serve.http_port, "/v1/logs", content_events(trace_id, span_id, "Where is Lyon?", "In France.").SerializeToString(), token=SERVE_TOKEN) == 200
+            assert post(serve.http_port, "/v1/traces", chat_span(trace_id, span_id), token=SERVE_TOKEN) == 200
+        finally:
+            serve.proc.kill()
+            serve.proc.wait(10)
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            entries = client.xrange(STREAM)
+        finally:
+            client.close()
+    assert len(entries) == 1
+    job = ScoreRequest.from_json(entries[0][1][b"job"])
+    assert (job.trace_id, job.span_id, job.question, job.answer) == (trace_id.hex(), span_id.hex(), "Where is Lyon?", "In France.")
+    assert job.evaluation_id == evaluation_id(trace_id.hex(), span_id.hex(), "ragas") and job.service_name == "raw-genai"
