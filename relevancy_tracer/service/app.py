@@ -20,6 +20,7 @@ import this package.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import threading
@@ -172,7 +173,9 @@ class ScoringService:
         Returns an :class:`Admission`: not accepted (retryable) when the queue has no room for
         all of them, unless the queue is empty (a request larger than ``queue_size`` is then
         taken whole: it is never refused forever; ``max_request_bytes`` bounds it); spans with
-        invalid trace or span ids are rejected for good and counted in ``rejected_spans``."""
+        invalid trace or span ids are rejected for good and counted in ``rejected_spans``. GenAI
+        inference spans without content are joined with their held content events, or held
+        for them (``join.py``)."""
         s = self.settings
         spans = spans_of(request, self._max_text_chars)
         valid = [span for span in spans if span.ids_valid]
@@ -219,8 +222,9 @@ class ScoringService:
                 content = held.content if held is not None else Content()
                 if content.complete:
                     settle(key, candidate, content)
-                else:
-                    holding[key] = Held(held.since if held is not None else now, candidate.span, candidate.contexts, content)
+                else:  # held without its attributes: only its name, ids and app are needed later
+                    resource = {k: v for k, v in candidate.span.resource.items() if k in ("service.name", "openinference.project.name")}
+                    holding[key] = Held(held.since if held is not None else now, dataclasses.replace(candidate.span, attributes={}, resource=resource), candidate.contexts, content)
             for key, content in contents.items():
                 if join.done(key):
                     continue  # a late event of a call already scored or skipped

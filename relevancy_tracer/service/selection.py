@@ -13,6 +13,10 @@ are instrumented with:
   ``gen_ai.prompt`` / ``gen_ai.completion`` (a string, JSON messages, or OpenLLMetry's indexed
   ``gen_ai.prompt.<i>.role`` / ``.content``).
 
+A GenAI inference span (``gen_ai.operation.name`` chat, text_completion or generate_content)
+without content on it is *pending*: OpenTelemetry's own GenAI instrumentations send its
+messages as log events, which ``join.py`` joins to it (:meth:`SpanSelector.partition`).
+
 Filters (all configurable): OpenInference span kinds (default CHAIN, AGENT and LLM; spans
 without a kind qualify through the GenAI attributes), span-name glob patterns, required
 attribute values, and by default only the outermost candidate of each trace in the batch (a
