@@ -28,9 +28,10 @@ import pytest
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.service.join import CONTENT_NOT_CAPTURED, CONTENT_WITHOUT_SPAN, EVICTED, SPAN_WITHOUT_CONTENT, TOOL_CALL, ContentJoin, Held, content_of
 from relevancy_tracer.service.otlp import ReceivedLog
-from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver, Raw
+from relevancy_tracer.testing import FakeOpenAIServer, Raw
 
 from .conftest import ROOT, openai_settings, subprocess_env
+from .test_service import backend, evaluator_spans as evaluations  # noqa: F401 - backend is a fixture
 
 #: The instrumentation and its GenAI utilities, pinned to a pair that installs with this
 #: project's OpenTelemetry and wrapt 2: opentelemetry-instrumentation-openai-v2 2.4b0 fails to
@@ -111,21 +112,6 @@ def run_app(python: str, endpoint: str, model: FakeOpenAIServer, questions: list
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture
-def backend(monkeypatch):
-    """The service's tracing and metrics backend."""
-    with OTLPReceiver(grpc=False) as receiver:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.http_endpoint)
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
-        monkeypatch.setenv("OTEL_SERVICE_NAME", "relevancy-tracer-service")
-        yield receiver
-
-
-def evaluations(spans: list[dict]) -> list[dict]:
-    return [s for s in spans if s["attributes"].get(A.OPENINFERENCE_SPAN_KIND) == A.SPAN_KIND_EVALUATOR]
-
-
 def answer_chat_calls(model: FakeOpenAIServer, answers: list[str]) -> None:
     """The app's chat calls get ``answers``; the scorer's chat calls the default replies."""
     default = model.chat_responder
@@ -181,10 +167,12 @@ def test_openai_v2_instrumented_app_is_scored_once_per_call(app_python, server, 
     assert sum(service.join.expired.values()) == 0 and len(service.join) == 0
 
 
-def test_content_capture_off_scores_nothing_and_counts_the_reason(app_python, server, backend):
+def test_content_capture_off_scores_nothing_and_counts_the_reason(app_python, server, backend, monkeypatch):
     """The app's events carry no content: no evaluation, no model call from the scorer, and
     the calls are counted skipped with reason content_not_captured (exported metric)."""
     from relevancy_tracer.service import ScoringService
+
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")  # to the backend
 
     answer_chat_calls(server, ANSWERS)
     service = ScoringService(openai_settings(server, capture_content=True), http_port=0, grpc_port=None).start()
@@ -374,30 +362,15 @@ def test_the_join_buffer_expires_by_reason_and_stays_within_its_bounds():
 def test_openai_v2_app_through_rotel_to_serve(app_python, server, backend, tmp_path):
     """collector-config/rotel.env with its exporter at `serve`: rotel forwards the app's traces
     and its logs (the content events), and every call is scored."""
-    from relevancy_tracer._phoenix import free_port
     from relevancy_tracer.service import ScoringService
 
-    from ._observability import ServerProcess, wait_until
-    from .test_collector import port_open, rotel_agent, rotel_env_settings
+    from .test_collector import rotel_to_serve
 
     answer_chat_calls(server, ANSWERS)
     service = ScoringService(openai_settings(server, capture_content=True), http_port=0, grpc_port=None).start()
-    grpc_port, http_port = free_port(), free_port()
-    settings = rotel_env_settings()
-    settings.update(
-        ROTEL_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{grpc_port}",
-        ROTEL_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{http_port}",
-        ROTEL_OTLP_EXPORTER_ENDPOINT=f"http://127.0.0.1:{service.server.http_port}",
-        ROTEL_OTLP_RECEIVER_METRICS_DISABLED="true",
-        ROTEL_PID_FILE=str(tmp_path / "rotel.pid"),
-        ROTEL_LOG_FILE=str(tmp_path / "rotel-agent.log"),
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROTEL_", "OTEL_"))}
-    env.update(settings)
     try:
-        with ServerProcess([rotel_agent(), "start"], tmp_path / "rotel.log", env=env) as rotel:
-            wait_until(lambda: rotel.check_running() or (port_open(grpc_port) and port_open(http_port)), 30, "rotel's OTLP ports")
-            trace_ids = run_app(app_python, f"http://127.0.0.1:{http_port}", server, QUESTIONS, **MODES["events"])
+        with rotel_to_serve(service.server.http_port, tmp_path) as rotel_port:
+            trace_ids = run_app(app_python, f"http://127.0.0.1:{rotel_port}", server, QUESTIONS, **MODES["events"])
             spans = backend.wait_for_spans(lambda s: len(evaluations(s)) >= 3, timeout=60)
     finally:
         service.stop(10)
