@@ -32,6 +32,7 @@ from relevancy_tracer.testing import FakeOpenAIServer, Raw
 
 from .conftest import ROOT, openai_settings, subprocess_env
 from .test_service import backend, evaluator_spans as evaluations  # noqa: F401 - backend is a fixture
+from .test_service_faults import no_exports  # noqa: F401 - a fixture
 
 #: The instrumentation and its GenAI utilities, pinned to a pair that installs with this
 #: project's OpenTelemetry and wrapt 2: opentelemetry-instrumentation-openai-v2 2.4b0 fails to
@@ -438,3 +439,40 @@ def test_fleet_a_sigkilled_serve_loses_no_joined_call_it_acknowledged(server, ba
     job = ScoreRequest.from_json(entries[0][1][b"job"])
     assert (job.trace_id, job.span_id, job.question, job.answer) == (trace_id.hex(), span_id.hex(), "Where is Lyon?", "In France.")
     assert job.evaluation_id == evaluation_id(trace_id.hex(), span_id.hex(), "ragas") and job.service_name == "raw-genai"
+
+
+def test_bad_logs_requests_are_answered_like_bad_trace_requests(server, no_exports):
+    """/v1/logs and LogsService/Export under the receiver's rules: garbage 400 /
+    INVALID_ARGUMENT, a JSON array 400, above max_request_bytes 413, gzip inflated; a logs
+    request that is all application logs is answered 200 and holds nothing."""
+    import gzip
+
+    import grpc
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+    from opentelemetry.proto.logs.v1 import logs_pb2
+
+    from relevancy_tracer.service import ScoringService
+
+    service = ScoringService(openai_settings(server, service_token=TOKEN, max_request_bytes=64 * 1024), http_port=0, grpc_port=0).start()
+    try:
+        port = service.server.http_port
+        assert post(port, "/v1/logs", b"\xff\x00 not protobuf") == 400
+        assert post(port, "/v1/logs", b"[1, 2]", "application/json") == 400
+        assert post(port, "/v1/logs", b"x" * (65 * 1024)) == 413
+        body = content_events(os.urandom(16), os.urandom(8), "q?", "a.").SerializeToString()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/logs", data=gzip.compress(body), headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip", "Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert reply.status == 200
+        assert len(service.join) == 1  # the events wait for their span
+        plain = logs_service_pb2.ExportLogsServiceRequest(resource_logs=[logs_pb2.ResourceLogs(scope_logs=[logs_pb2.ScopeLogs(log_records=[logs_pb2.LogRecord(trace_id=os.urandom(16), span_id=os.urandom(8), event_name="app.request")])])])
+        assert post(port, "/v1/logs", plain.SerializeToString()) == 200 and len(service.join) == 1
+        with grpc.insecure_channel(f"127.0.0.1:{service.server.grpc_port}") as channel:
+            export = channel.unary_unary("/opentelemetry.proto.collector.logs.v1.LogsService/Export")
+            with pytest.raises(grpc.RpcError) as bad:
+                export(b"\xff\x00 not protobuf", metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=10)
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.RpcError) as denied:
+                export(body, timeout=10)
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        service.stop(10)
