@@ -196,6 +196,12 @@ class ScoringService:
         and the completed calls, then hold the rest; under the join's lock, so a refusal
         changes nothing."""
         join = self.join
+        if not pending and not contents and all(c.convention == "openinference" for c in ready):
+            # nothing to join: admissions stay concurrent (no lock around the queue's offer)
+            if ready and not self._offer(ready):
+                return Admission(False)
+            self.accepted += len(ready)
+            return admission
         skipped: list[tuple[Candidate, str]] = []
         finished: list[tuple[str, str]] = []
         holding: dict[tuple[str, str], Held] = {}
@@ -210,10 +216,9 @@ class ScoringService:
                 ready.append(Candidate(candidate.span, texts[0], texts[1], candidate.contexts, "genai-events"))
 
         with join.lock:
-            for candidate in list(ready):  # content on the span: events held for it are moot
-                key = (candidate.span.trace_id, candidate.span.span_id)
-                if candidate.convention != "openinference" or join.get(key) is not None:
-                    finished.append(key)
+            for candidate in list(ready):  # GenAI content on the span: events held for it are moot
+                if candidate.convention != "openinference":
+                    finished.append((candidate.span.trace_id, candidate.span.span_id))
             for candidate in pending:
                 key = (candidate.span.trace_id, candidate.span.span_id)
                 held = join.get(key)
