@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from .config import GENERATION_MODES, METHODS, NONCOMMITTAL_RULES, Settings
 from .dataset import ColumnMapping, InputRow, RowWriter, read_rows, same_file, write_atomically
 from .result import RelevancyResult, Status
+from ._logging import mask_credentials, mask_credentials_in
 from ._loop import process_loop
 from .scoring.engine import Engine
 
@@ -435,6 +436,8 @@ def _serve_logging() -> None:
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # the HTTP clients log request URLs at INFO
+        mask_credentials_in(handler)
 
 
 def _stop_on_signals(stop: Callable[[], None]) -> None:
@@ -457,7 +460,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings = settings.replace(**overrides)
     service = ScoringService(settings, queue_url=args.queue, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, tls_cert=args.tls_cert, tls_key=args.tls_key, allow_unauthenticated=args.allow_unauthenticated).start()
     scheme = "https" if args.tls_cert else "http"
-    print(f"relevancy-tracer serve: OTLP/HTTP {scheme}://{args.host}:{service.server.http_port}/v1/traces and /v1/logs, OTLP/gRPC {args.host}:{service.server.grpc_port}, queue {args.queue or 'in-process'}", flush=True)
+    print(f"relevancy-tracer serve: OTLP/HTTP {scheme}://{args.host}:{service.server.http_port}/v1/traces and /v1/logs, OTLP/gRPC {args.host}:{service.server.grpc_port}, queue {mask_credentials(args.queue) if args.queue else 'in-process'}", flush=True)
     stopped = threading.Event()
     _stop_on_signals(stopped.set)
     while not stopped.wait(0.5):
@@ -476,11 +479,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings_from(args)
     if args.phoenix_url:
         settings = settings.replace(phoenix_url=args.phoenix_url)
+    if args.max_deliveries is not None:
+        settings = settings.replace(max_deliveries=args.max_deliveries)
     worker = FleetWorker(args.queue, settings, claim_idle=args.claim_idle)
     _stop_on_signals(worker.stop)
-    print(f"relevancy-tracer worker {worker.consumer}: consuming {args.queue}", flush=True)
+    print(f"relevancy-tracer worker {worker.consumer}: consuming {mask_credentials(args.queue)} (max_deliveries {settings.max_deliveries}, dead letters to {worker.queue.dead_letter_stream})", flush=True)
     worker.run(max_jobs=args.max_jobs)
-    print(f"relevancy-tracer worker {worker.consumer}: stopped ({worker.scored} scored, {worker.skipped} already done, {worker.reclaimed} reclaimed, {worker.failed} failed)", flush=True)
+    print(f"relevancy-tracer worker {worker.consumer}: stopped ({worker.scored} scored, {worker.skipped} already done, {worker.reclaimed} reclaimed, {worker.failed} failed, {worker.retried} retried, {worker.dead_lettered} dead-lettered)", flush=True)
     return 0
 
 
@@ -572,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="consume the Redis Stream that `serve --queue` fills: score, export, acknowledge")
     worker.add_argument("--queue", required=True, help="redis://HOST:PORT/DB")
     worker.add_argument("--phoenix-url", help="also write scores as Phoenix span annotations (default: RELEVANCY_TRACER_PHOENIX_URL)")
-    worker.add_argument("--claim-idle", type=float, default=30.0, help="seconds before a job taken by a dead worker is reclaimed (default 30)")
+    worker.add_argument("--claim-idle", type=float, default=30.0, help="seconds a taken job may go without its worker extending the claim before another worker reclaims it; a job released after a transient failure waits this times 2^(deliveries-1) (default 30)")
+    worker.add_argument("--max-deliveries", type=int, default=None, help="deliveries of a job before a failure is final and it moves to the dead-letter stream (default: RELEVANCY_TRACER_MAX_DELIVERIES or 5)")
     worker.add_argument("--max-jobs", type=int, default=None, help=argparse.SUPPRESS)
     _add_model_flags(worker)
     worker.set_defaults(func=cmd_worker, calibration=None)

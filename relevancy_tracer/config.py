@@ -209,7 +209,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("llm_base_url", "URL", "", "OpenAI-compatible base URL (vLLM, Ollama, llama.cpp server, Azure's /openai/v1). Default: the client's (`OPENAI_BASE_URL` or api.openai.com).", _parse_optional_str, _check_optional_str),
     _spec("llm_api_key", "str", "", "API key for the chat endpoint. Falls back to `OPENAI_API_KEY`; a placeholder is sent to keyless local servers.", _parse_optional_str, _check_optional_str, ("OPENAI_API_KEY",)),
     _spec("embeddings", "local | openai", "", "Backend that embeds questions. Default: `local` when the `local` extra is installed, else `openai`.", str, _check_choice(BACKENDS)),
-    _spec("embedding_model", "str", "", "Embedding model. openai default `text-embedding-3-small`; local default `use-multilingual-v3` (or `all-minilm-l6-v2`).", _parse_optional_str, _check_optional_str),
+    _spec("embedding_model", "str", "", "Embedding model. openai default `text-embedding-3-small`; local default `use-multilingual-v3` (or `all-minilm-l6-v2`, extra `minilm`; `multilingual-e5-small`, extra `e5`).", _parse_optional_str, _check_optional_str),
     _spec("embedding_base_url", "URL", "", "OpenAI-compatible base URL for embeddings. Default: `llm_base_url`.", _parse_optional_str, _check_optional_str),
     _spec("embedding_api_key", "str", "", "API key for the embeddings endpoint. Default: `llm_api_key`.", _parse_optional_str, _check_optional_str),
     _spec("llm_timeout", "float", "s", "Timeout of one model HTTP request.", float, _check_number(0.001)),
@@ -237,6 +237,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("rate_limit", "float", "evaluations/min", "Cost cap: token bucket of evaluations per minute (burst: 10 s worth, at least 1). Empty or 0: no cap.", _parse_optional_float, _check_number(0.0, optional=True)),
     _spec("sampler", "callable", "", "Extra sampler: `fn(SamplingContext) -> bool`, composed with the ratio and the rate limit. Argument only.", None, _check_optional_callable),
     _spec("queue_size", "int", "evaluations", "Bound of the background queue; a full queue drops the evaluation (counted, reason `queue_full`).", int, _check_number(1, 10_000_000, integer=True)),
+    _spec("max_deliveries", "int", "", "Fleet (`relevancy-tracer worker`): deliveries of a job before a failure is final. A transient failure (model unreachable, 5xx, timeout; a failed write or export) leaves the job pending for redelivery with exponential backoff; on its `max_deliveries`-th delivery the job moves to the stream `<stream>:dead-letter` with its error. Malformed jobs go there at once.", int, _check_number(1, 100, integer=True)),
     _spec("evaluation_timeout", "float", "s", "Deadline of one evaluation in the worker (status `timeout`).", float, _check_number(0.001)),
     _spec("hold_timeout", "float", "s", "`answer_span` mode: a held span older than this is ended at once with status `timeout`.", float, _check_number(0.001)),
     _spec("attach", "|".join(ATTACH_MODES), "", "`answer_span`: the result goes on the answer span, held open until scored; `evaluation_span`: on an OpenInference EVALUATOR span linked to it.", str, _check_choice(ATTACH_MODES)),
@@ -299,6 +300,7 @@ class Settings:
     rate_limit: Optional[float] = None
     sampler: Optional[Callable[..., bool]] = None
     queue_size: int = 1000
+    max_deliveries: int = 5
     evaluation_timeout: float = 120.0
     hold_timeout: float = 60.0
     attach: str = "answer_span"

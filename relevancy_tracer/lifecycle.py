@@ -25,6 +25,7 @@ import threading
 from typing import Any, Optional
 
 from . import _fork, runtime as _runtime_module
+from ._logging import mask_credentials
 from .config import Settings
 from .otel.setup import OwnedProviders, install_providers
 from .runtime import Runtime
@@ -89,7 +90,7 @@ def describe(settings: Settings, owned: OwnedProviders) -> str:
 
         llm += f", {settings.local_threads or default_threads()} threads"
     elif settings.llm_base_url:
-        llm += f" at {settings.llm_base_url}"
+        llm += f" at {mask_credentials(settings.llm_base_url)}"
     parts = [
         f"llm={settings.llm} ({llm})",
         f"embeddings={settings.embeddings} ({settings.resolved_embedding_model})",
@@ -127,7 +128,9 @@ def configure(**settings: Any) -> Settings:
         if previous is not None:
             # keep providers installed earlier owned by the new runtime
             owned.tracer_provider = owned.tracer_provider or previous.owned.tracer_provider
-            owned.meter_provider = owned.meter_provider or previous.owned.meter_provider
+            if owned.meter_provider is None and previous.owned.meter_provider is not None:
+                owned.meter_provider = previous.owned.meter_provider
+                owned.listeners = previous.owned.listeners
             previous.owned = OwnedProviders()
         _runtime_module.set_settings(resolved)
         _install(Runtime(resolved, engine=_runtime_module.get_engine(), owned=owned))

@@ -640,6 +640,7 @@ class RedisServer:
         self._proc: Any = None
 
     def start(self) -> "RedisServer":
+        """Start on a free port (on the same port again after :meth:`stop`)."""
         import shutil
         import subprocess
 
@@ -648,9 +649,10 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (make system-deps)")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        if not self.port:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                self.port = sock.getsockname()[1]
         self._proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.directory],
             stdout=subprocess.DEVNULL,
@@ -680,6 +682,12 @@ class RedisServer:
             except Exception:
                 self._proc.kill()
                 self._proc.wait(5)
+
+    def restart(self) -> "RedisServer":
+        """Stop and start again on the same port, empty (no persistence): what clients see
+        when Redis restarts without its data."""
+        self.stop()
+        return self.start()
 
     def __enter__(self) -> "RedisServer":
         return self.start()

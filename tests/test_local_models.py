@@ -18,7 +18,7 @@ import pytest
 
 from relevancy_tracer.config import Settings
 from relevancy_tracer.models.base import ModelError
-from relevancy_tracer.models.local_embed import MiniLMEmbedder, USEEmbedder
+from relevancy_tracer.models.local_embed import E5Embedder, MiniLMEmbedder, USEEmbedder
 from relevancy_tracer.models.local_llm import LocalModelSpec, assemble_model
 from relevancy_tracer.result import Status
 from relevancy_tracer.scoring.engine import Engine
@@ -93,12 +93,14 @@ def test_ragas_method_separates_the_seed_examples(local_engine):
 
 def test_local_embedders_give_normalised_vectors_and_rank_paraphrases():
     texts = ["Where is France located?", "In which part of Europe is France?", "How do I bake bread?"]
-    for embedder in (USEEmbedder(), MiniLMEmbedder()):
+    # E5's cosines crowd near the top (unrelated English questions score about 0.75), so its
+    # paraphrase margin is smaller
+    for embedder, margin in ((USEEmbedder(), 0.2), (MiniLMEmbedder(), 0.2), (E5Embedder(), 0.1)):
         vectors = embedder.embed_sync(texts)
         assert vectors.dtype == np.float32 and vectors.shape[0] == 3
         assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
         sims = vectors[1:] @ vectors[0]
-        assert sims[0] > sims[1] + 0.2, (embedder.name, sims)
+        assert sims[0] > sims[1] + margin, (embedder.name, sims)
     assert USEEmbedder().embed_sync(["你好"]).shape == (1, 512)
 
 

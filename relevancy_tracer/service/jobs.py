@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Optional
 
+from ..config import METHODS
 from ..phoenix import evaluation_id
 from .selection import Candidate
+
+_HEX = re.compile(r"[0-9a-fA-F]+")
 
 
 @dataclass
@@ -57,8 +61,42 @@ class ScoreRequest:
 
     @classmethod
     def from_json(cls, text: Any) -> "ScoreRequest":
-        """Raises ValueError/TypeError for a malformed payload."""
-        data = json.loads(text)
+        """Parse and validate one queued job (``text``: str or UTF-8 bytes).
+
+        Raises:
+            ValueError: the payload is not UTF-8 JSON, not an object, has unknown or missing
+                fields, or a field of the wrong type or form (ids: lowercase or uppercase hex
+                of 32 digits for ``evaluation_id`` and ``trace_id``, 16 for ``span_id``, not all
+                zero). The message names the field, never its value (it may be user text).
+        """
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"not JSON ({type(exc).__name__})") from None
         if not isinstance(data, dict):
             raise ValueError("a score request is a JSON object")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(str(k)[:40] for k in data if k not in names)
+        if unknown:
+            raise ValueError(f"unknown field(s): {', '.join(unknown[:5])}" + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
+        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.default is MISSING and f.default_factory is MISSING)
+        if missing:
+            raise ValueError(f"missing field(s): {', '.join(missing)}")
+        for name, digits in (("evaluation_id", 32), ("trace_id", 32), ("span_id", 16)):
+            value = data[name]
+            if not isinstance(value, str) or not _HEX.fullmatch(value) or len(value) != digits or int(value, 16) == 0:
+                raise ValueError(f"{name} must be {digits} hex digits, not all zero")
+        for name in ("span_name", "service_name", "question", "answer", "method"):
+            if not isinstance(data[name], str):
+                raise ValueError(f"{name} must be a string; got {type(data[name]).__name__}")
+        if data["method"] not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}")
+        contexts = data.get("contexts")
+        if contexts is not None and (not isinstance(contexts, list) or not all(isinstance(c, str) for c in contexts)):
+            raise ValueError("contexts must be a list of strings or null")
+        if data.get("project") is not None and not isinstance(data["project"], str):
+            raise ValueError("project must be a string or null")
+        received = data.get("received_ns", 0)
+        if isinstance(received, bool) or not isinstance(received, int):
+            raise ValueError("received_ns must be an integer")
         return cls(**data)

@@ -8,21 +8,32 @@ none is queued twice.
 
 * jobs are ``XADD`` ed to one stream (field ``job``: the JSON of a :class:`ScoreRequest`); the
   bound is the stream's length (entries are deleted once acknowledged), checked before adding;
-* workers read them as one consumer group (``XREADGROUP``), each worker a consumer;
+* workers read them as one consumer group (``XREADGROUP``), each worker a consumer; a group
+  that disappeared (Redis restarted empty, ``NOGROUP``) is re-created at once, from the
+  stream's start, so jobs queued since are read;
 * a worker acknowledges (``XACK`` + ``XDEL``) only after the result was exported, and records
   the evaluation id as done (``SET ... EX``) just before: a job seen again (re-sent by an
   exporter, reclaimed after a crash that happened after the export) is recognised and
   acknowledged without being scored twice;
-* entries a consumer took but never acknowledged (it died: ``kill -9``, OOM, node loss) are
-  reclaimed by any worker with ``XAUTOCLAIM`` once idle for ``claim_idle`` seconds, and counted.
+* while a worker holds a job it extends its claim (``XCLAIM ... JUSTID`` every quarter of
+  ``claim_idle``), so a slow evaluation is never taken by another worker;
+* a job left pending (its worker died, or released it after a transient failure) is
+  reclaimed by any worker with ``XCLAIM`` once idle for its retry delay, ``claim_idle`` times
+  2^(deliveries - 1) (exponential backoff; at most ``max(claim_idle, 900)`` s); the claim's
+  minimum idle time makes it exclusive, and Redis counts the deliveries;
+* a job that cannot be scored (malformed, or failed on its ``max_deliveries``-th delivery) is
+  moved to the stream ``<stream>:dead-letter`` with its error (:meth:`dead_letter`), in one
+  transaction with its acknowledgement.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import os
-from typing import Any, Optional
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 from .jobs import ScoreRequest
 
@@ -31,6 +42,8 @@ logger = logging.getLogger("relevancy_tracer")
 STREAM = "relevancy-tracer:evaluations"
 GROUP = "relevancy-tracer-workers"
 DONE_PREFIX = "relevancy-tracer:done:"
+#: The dead-letter stream is the job stream's name plus this suffix.
+DEAD_LETTER_SUFFIX = ":dead-letter"
 
 
 def consumer_name() -> str:
@@ -38,32 +51,77 @@ def consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+@dataclass
+class Delivery:
+    """One job as a worker received it.
+
+    Attributes:
+        entry_id: the stream entry id. job: the raw ``job`` field (bytes), None when absent.
+        request: the parsed job, None when malformed. error: why it is malformed (names the
+        field, never user text). deliveries: times Redis delivered it, this one included.
+    """
+
+    entry_id: str
+    job: Optional[bytes]
+    request: Optional[ScoreRequest]
+    error: Optional[str]
+    deliveries: int
+
+
 class RedisStreamQueue:
     """A bounded job queue on a Redis Stream with one consumer group.
 
     Args:
         url: ``redis://host:port/db``. stream, group: names. max_length: jobs queued or in
-            flight at most (the stream's length). claim_idle: seconds after which another
-            worker may reclaim a taken, unacknowledged job. done_ttl: seconds an evaluation id
-            is remembered as done.
+            flight at most (the stream's length). claim_idle: seconds (> 0) without a claim
+            extension after which another worker may reclaim a taken, unacknowledged job
+            (doubled at each further delivery, see :meth:`retry_delay`). done_ttl: seconds an
+            evaluation id is remembered as done. dead_letter_max_length: dead letters kept
+            (approximate trim, oldest first).
     """
 
-    def __init__(self, url: str, *, stream: str = STREAM, group: str = GROUP, max_length: int = 10_000, claim_idle: float = 30.0, done_ttl: int = 86_400):
+    def __init__(self, url: str, *, stream: str = STREAM, group: str = GROUP, max_length: int = 10_000, claim_idle: float = 30.0, done_ttl: int = 86_400, dead_letter_max_length: int = 100_000):
         import redis
 
+        if not claim_idle > 0:
+            raise ValueError(f"claim_idle must be > 0; got {claim_idle!r}")
         self.redis = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10, health_check_interval=30)
         self.url = url
         self.stream = stream
+        self.dead_letter_stream = stream + DEAD_LETTER_SUFFIX
         self.group = group
         self.max_length = max_length
         self.claim_idle = claim_idle
         self.done_ttl = done_ttl
-        self._claim_cursor = "0-0"
+        self.dead_letter_max_length = dead_letter_max_length
+        self.groups_created = 0
+        self._claim_cursor = "-"
+        self._create_group()
+
+    def _create_group(self) -> None:
+        import redis
+
         try:
-            self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+            self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            self.groups_created += 1
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    def _grouped(self, command: Callable[[], Any]) -> Any:
+        """Run a group command; when the group is gone (``NOGROUP``: Redis restarted empty or
+        the group was destroyed) re-create it from the stream's start and run it again."""
+        import redis
+
+        try:
+            return command()
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+        logger.warning("relevancy-tracer: consumer group %s of %s was missing (Redis restarted empty?); re-created", self.group, self.stream)
+        self._create_group()
+        self._claim_cursor = "-"
+        return command()
 
     # ---------------------------------------------------------------- receiver side
 
@@ -87,17 +145,47 @@ class RedisStreamQueue:
 
     # ---------------------------------------------------------------- worker side
 
-    def read(self, consumer: str, count: int, block_ms: int = 1000) -> list[tuple[str, Optional[ScoreRequest]]]:
-        """New jobs for ``consumer`` (blocks up to ``block_ms``): (entry id, request or None
-        for a malformed entry)."""
-        reply = self.redis.xreadgroup(self.group, consumer, {self.stream: ">"}, count=count, block=block_ms)
-        return [(entry, request) for _, entries in reply or [] for entry, request in self._decode(entries)]
+    def read(self, consumer: str, count: int, block_ms: int = 1000) -> list[Delivery]:
+        """New jobs for ``consumer`` (blocks up to ``block_ms``), each delivered once so far."""
+        reply = self._grouped(lambda: self.redis.xreadgroup(self.group, consumer, {self.stream: ">"}, count=count, block=block_ms))
+        return [_delivery(entry_id, fields, 1) for _, entries in reply or [] for entry_id, fields in entries or [] if fields is not None]
 
-    def reclaim(self, consumer: str, count: int) -> list[tuple[str, Optional[ScoreRequest]]]:
-        """Jobs other consumers took and left idle for ``claim_idle`` seconds, now ``consumer``'s."""
-        reply = self.redis.xautoclaim(self.stream, self.group, consumer, min_idle_time=int(self.claim_idle * 1000), start_id=self._claim_cursor, count=count)
-        self._claim_cursor = _text(reply[0]) if reply and reply[0] else "0-0"
-        return list(self._decode(reply[1] if reply else []))
+    def retry_delay(self, deliveries: int) -> float:
+        """Seconds a job delivered ``deliveries`` times must stay idle (unextended) before it is
+        reclaimed: ``claim_idle * 2 ** (deliveries - 1)``, at most ``max(claim_idle, 900)``."""
+        return min(self.claim_idle * 2 ** max(0, min(deliveries - 1, 30)), max(self.claim_idle, 900.0))
+
+    def reclaim(self, consumer: str, count: int) -> list[Delivery]:
+        """Up to ``count`` pending jobs idle for at least their :meth:`retry_delay`, now
+        ``consumer``'s (their delivery count incremented). Scans the pending entries from a
+        cursor, so entries still waiting for their backoff never hide later ones."""
+        page_size = max(32, 4 * count)
+        start = self._claim_cursor if self._claim_cursor == "-" else "(" + self._claim_cursor
+        pending = self._grouped(lambda: self.redis.xpending_range(self.stream, self.group, start, "+", page_size, idle=int(self.claim_idle * 1000)))
+        cursor = "-"
+        out: list[Delivery] = []
+        for entry in pending:
+            if len(out) >= count:  # resume after the last entry examined
+                break
+            entry_id = cursor = _text(entry["message_id"])
+            deliveries = int(entry["times_delivered"])
+            delay_ms = int(self.retry_delay(deliveries) * 1000)
+            if int(entry["time_since_delivered"]) < delay_ms:
+                continue
+            claimed = self._grouped(lambda: self.redis.xclaim(self.stream, self.group, consumer, delay_ms, [entry_id]))
+            for claimed_id, fields in claimed or []:  # empty: another worker was first, or it was deleted
+                if fields is not None:
+                    out.append(_delivery(claimed_id, fields, deliveries + 1))
+        else:
+            cursor = cursor if len(pending) == page_size else "-"
+        self._claim_cursor = cursor
+        return out
+
+    def extend(self, consumer: str, entry_ids: list[str]) -> None:
+        """Reset the idle time of jobs ``consumer`` holds (``XCLAIM ... JUSTID``: the delivery
+        count is unchanged), so no other worker reclaims them while they are being scored."""
+        if entry_ids:
+            self._grouped(lambda: self.redis.xclaim(self.stream, self.group, consumer, 0, entry_ids, justid=True))
 
     def is_done(self, evaluation_id: str) -> bool:
         return bool(self.redis.exists(DONE_PREFIX + evaluation_id))
@@ -109,22 +197,39 @@ class RedisStreamQueue:
             pipe.set(DONE_PREFIX + evaluation_id, 1, ex=self.done_ttl)
         pipe.xack(self.stream, self.group, entry_id)
         pipe.xdel(self.stream, entry_id)
-        pipe.execute()
+        self._grouped(pipe.execute)
+
+    def dead_letter(self, delivery: Delivery, error: str, consumer: str) -> None:
+        """Move a job to ``<stream>:dead-letter`` and acknowledge it, in one transaction.
+
+        The dead letter's fields: ``job`` (the payload as received), ``error`` (why: a type or
+        field name, never user text), ``deliveries``, ``entry_id`` (in the job stream),
+        ``consumer``, ``time_ms`` (Unix milliseconds). Its evaluation id is not recorded as
+        done, so adding the ``job`` back to the stream scores it again.
+        """
+        pipe = self.redis.pipeline(transaction=True)
+        letter = {"job": delivery.job if delivery.job is not None else b"", "error": error, "deliveries": delivery.deliveries, "entry_id": delivery.entry_id, "consumer": consumer, "time_ms": int(time.time() * 1000)}
+        pipe.xadd(self.dead_letter_stream, letter, maxlen=self.dead_letter_max_length, approximate=True)
+        pipe.xack(self.stream, self.group, delivery.entry_id)
+        pipe.xdel(self.stream, delivery.entry_id)
+        self._grouped(pipe.execute)
+
+    def dead_letters(self) -> int:
+        """Jobs in the dead-letter stream."""
+        return int(self.redis.xlen(self.dead_letter_stream))
 
     def close(self) -> None:
         self.redis.close()
 
-    @staticmethod
-    def _decode(entries: Any) -> Any:
-        for entry_id, fields in entries or []:
-            if fields is None:  # deleted meanwhile
-                continue
-            raw = fields.get(b"job") if isinstance(fields, dict) else None
-            try:
-                request = ScoreRequest.from_json(raw) if raw is not None else None
-            except (ValueError, TypeError):
-                request = None
-            yield _text(entry_id), request
+
+def _delivery(entry_id: Any, fields: Any, deliveries: int) -> Delivery:
+    raw = fields.get(b"job") if isinstance(fields, dict) else None
+    if raw is None:
+        return Delivery(_text(entry_id), None, None, "no job field", deliveries)
+    try:
+        return Delivery(_text(entry_id), raw, ScoreRequest.from_json(raw), None, deliveries)
+    except ValueError as exc:
+        return Delivery(_text(entry_id), raw, None, str(exc), deliveries)
 
 
 def _text(value: Any) -> str:

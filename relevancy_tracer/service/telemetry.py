@@ -20,7 +20,7 @@ from collections import OrderedDict
 from typing import Any, Optional
 
 from ..otel.metrics import RelevancyMetrics, score_views
-from ..otel.setup import TRACE_EXPORTERS, _exporter_names, _protocol, _span_exporter, _warn_once, bounded, metric_readers
+from ..otel.setup import TRACE_EXPORTERS, _exporter_names, _protocol, _span_exporter, _warn_once, bounded, close_listeners, listeners_of, metric_readers
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -65,6 +65,7 @@ class ServiceTelemetry:
                 except Exception as exc:
                     problems.append(f"OTEL_LOGS_EXPORTER={name}: cannot create the exporter ({exc})")
         readers = [reader for _, reader in metric_readers(problems)]
+        self._listeners = listeners_of(readers)  # the Prometheus listener, closed by shutdown()
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=score_views())
         for problem in problems:
             _warn_once(problem)
@@ -72,7 +73,9 @@ class ServiceTelemetry:
         self.metrics = RelevancyMetrics(str(self.resource.attributes.get("service.name", "relevancy-tracer")), queue_depth or (lambda: 0), meter_provider=self.meter_provider)
         meter = self.meter_provider.get_meter("relevancy_tracer")
         self.refused = meter.create_counter("relevancy.service.refused", unit="{request}", description="OTLP export requests refused with a retryable code (queue at its bound)")
-        self.reclaimed = meter.create_counter("relevancy.service.reclaimed", unit="{evaluation}", description="Jobs of dead consumers reclaimed from the Redis Stream")
+        self.reclaimed = meter.create_counter("relevancy.service.reclaimed", unit="{evaluation}", description="Pending jobs reclaimed from the Redis Stream (their worker died, or released them after a transient failure)")
+        self.retried = meter.create_counter("relevancy.service.retried", unit="{evaluation}", description="Jobs left pending for redelivery with backoff after a transient failure, by error.type")
+        self.dead_lettered = meter.create_counter("relevancy.service.dead_lettered", unit="{evaluation}", description="Jobs moved to the dead-letter stream (malformed, or failed on their max_deliveries-th delivery), by error.type")
         self.max_projects = max_projects
         self._providers: "OrderedDict[Optional[str], Any]" = OrderedDict()
         self._lock = threading.Lock()
@@ -113,8 +116,13 @@ class ServiceTelemetry:
         return ok
 
     def shutdown(self, timeout: float = 10.0) -> bool:
+        """Close the Prometheus listener (first: the port is free whatever the exporters do),
+        export what is left and shut every provider down, within ``timeout`` seconds in all;
+        True when everything finished in time."""
         deadline = time.monotonic() + timeout
-        ok = self.force_flush(timeout)
+        listeners, self._listeners = self._listeners, []
+        close_listeners(listeners)
+        ok = self.force_flush(max(0.0, deadline - time.monotonic()))
         with self._lock:
             providers = list(self._providers.values())
             self._providers.clear()

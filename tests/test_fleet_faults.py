@@ -1,0 +1,354 @@
+"""The fleet's fault suite (issue 22): the scoring fleet never loops, never stalls, loses nothing.
+
+Real components on 127.0.0.1: redis-server (restarted empty on its port for one test), the
+scripted OpenAI-compatible server (slow, failing, recovering), the OTLP receiver standing in
+for the tracing backend, where EVALUATOR spans are counted. Workers run in threads of this
+process (FleetWorker, as ``relevancy-tracer worker`` runs it) with short claim times. Every
+test accounts for every job it queued: scored exactly once (one EVALUATOR span) or
+dead-lettered with a reason. Waits poll Redis and the backend with a deadline, never sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
+
+from relevancy_tracer.otel import attributes as A
+from relevancy_tracer.phoenix import evaluation_id
+from relevancy_tracer.service.jobs import ScoreRequest
+from relevancy_tracer.service.writer import EVALUATION_ID
+from relevancy_tracer.testing import RedisServer, Status
+
+from ._observability import wait_until
+from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env
+from .test_service import backend, evaluator_spans  # noqa: F401 - the backend fixture
+
+STREAM = "relevancy-tracer:evaluations"
+DEAD_LETTER = STREAM + ":dead-letter"
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[RedisServer]:
+    with RedisServer(str(tmp_path)) as server:
+        yield server
+
+
+@pytest.fixture
+def client(redis_server):
+    import redis
+
+    connection = redis.Redis.from_url(redis_server.url)
+    yield connection
+    connection.close()
+
+
+def job(i: int, run: str = "fleet-fault") -> ScoreRequest:
+    trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
+    return ScoreRequest(evaluation_id(trace_id, span_id, "ragas"), trace_id, span_id, run, "fault-app", f"Where is city number {i}?", f"City number {i} is in France.", "ragas")
+
+
+def enqueue(client: Any, payloads: list) -> None:
+    """XADD each payload (a ScoreRequest, a dict serialised as is, or raw bytes) as the
+    receiver does."""
+    for payload in payloads:
+        if isinstance(payload, ScoreRequest):
+            payload = payload.to_json()
+        elif isinstance(payload, dict):
+            payload = json.dumps(payload)
+        client.xadd(STREAM, {"job": payload})
+
+
+def dead_letters(client: Any) -> list[dict]:
+    return [{k.decode(): v.decode(errors="replace") for k, v in fields.items()} for _, fields in client.xrange(DEAD_LETTER)]
+
+
+@contextlib.contextmanager
+def workers(redis_url: str, settings: Any, n: int = 1, claim_idle: float = 0.4) -> Iterator[list]:
+    """``n`` FleetWorkers consuming in threads; stopped (jobs in hand finished) on exit."""
+    from relevancy_tracer.service import FleetWorker
+
+    fleet = [FleetWorker(redis_url, settings, claim_idle=claim_idle, consumer=f"worker-{i}") for i in range(n)]
+    threads = [threading.Thread(target=w.run, name=f"fleet-worker-{i}", daemon=True) for i, w in enumerate(fleet)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield fleet
+    finally:
+        for worker in fleet:
+            worker.stop()
+        for thread in threads:
+            thread.join(60)
+            assert not thread.is_alive(), "a worker did not stop"
+
+
+def settled(client: Any, dead: int = 0) -> bool:
+    """Nothing left on the job stream (every job acknowledged) and ``dead`` dead letters."""
+    return client.xlen(STREAM) == 0 and client.xlen(DEAD_LETTER) == dead
+
+
+def evaluations_by_id(backend, expected: int) -> dict[str, list[dict]]:
+    """The backend's EVALUATOR spans by evaluation id, once ``expected`` arrived."""
+    spans = evaluator_spans(backend.wait_for_spans(lambda s: len(evaluator_spans(s)) >= expected, timeout=30))
+    out: dict[str, list[dict]] = {}
+    for span in spans:
+        out.setdefault(span["attributes"][EVALUATION_ID], []).append(span)
+    return out
+
+
+# ------------------------------------------------------------------------------ poison jobs
+
+
+def test_poison_jobs_are_dead_lettered_at_once_and_never_block_good_ones(server, backend, redis_server, client):
+    good = [job(0), job(1)]
+    poison = [
+        dict(json.loads(job(2).to_json()), question=123),  # non-string question
+        dict(json.loads(job(3).to_json()), trace_id="not-hex-at-all"),  # bad trace id
+        dict(json.loads(job(4).to_json()), evaluation_id=5),  # non-string evaluation id
+        b"{not json \xff",  # undecodable
+    ]
+    enqueue(client, [good[0], *poison, good[1]])  # all six read in one batch
+    settings = openai_settings(server, concurrency=8, max_deliveries=3)
+    with workers(redis_server.url, settings) as (worker,):
+        wait_until(lambda: settled(client, dead=4), 30, "good jobs scored, poison dead-lettered")
+    letters = dead_letters(client)
+    reasons = sorted(letter["error"] for letter in letters)
+    assert any("question must be a string" in r for r in reasons), reasons
+    assert any("trace_id must be 32 hex digits" in r for r in reasons), reasons
+    assert any("evaluation_id must be 32 hex digits" in r for r in reasons), reasons
+    assert any("not JSON" in r for r in reasons), reasons
+    assert all(letter["deliveries"] == "1" for letter in letters)  # no redelivery loop
+    assert worker.scored == 2 and worker.dead_lettered == 4 and worker.retried == 0
+    assert len(server.requests_to("chat")) == 2  # the poison was never scored
+    by_id = evaluations_by_id(backend, 2)
+    assert {r.evaluation_id for r in good} == set(by_id) and all(len(v) == 1 for v in by_id.values())
+    assert all(v[0]["attributes"][A.STATUS] == "scored" for v in by_id.values())
+
+
+def test_a_job_its_workers_never_acknowledge_is_dead_lettered_after_max_deliveries(server, backend, redis_server, client):
+    """A job whose workers keep dying on it (OOM, kill -9): a consumer that takes it and never
+    acknowledges stands in for them; after max_deliveries deliveries it is a dead letter."""
+    stuck, fine = job(0), job(1)
+    enqueue(client, [stuck])
+    client.xgroup_create(STREAM, "relevancy-tracer-workers", id="0")
+    entry_id = client.xreadgroup("relevancy-tracer-workers", "dying-worker", {STREAM: ">"}, count=1)[0][1][0][0]
+    for _ in range(2):  # two more deliveries to workers that died
+        client.xclaim(STREAM, "relevancy-tracer-workers", "dying-worker", 0, [entry_id])
+    enqueue(client, [fine])
+    with workers(redis_server.url, openai_settings(server, max_deliveries=3), claim_idle=0.2) as (worker,):
+        wait_until(lambda: settled(client, dead=1), 30, "the unacknowledged job dead-lettered")
+    (letter,) = dead_letters(client)
+    assert letter["entry_id"] == entry_id.decode() and letter["deliveries"] == "4"
+    assert "not acknowledged after 3 deliveries" in letter["error"] and json.loads(letter["job"])["evaluation_id"] == stuck.evaluation_id
+    assert worker.scored == 1 and list(evaluations_by_id(backend, 1)) == [fine.evaluation_id]
+
+
+# ------------------------------------------------------------------------------ Redis and workers
+
+
+def test_redis_restarted_empty_while_a_worker_runs(server, backend, redis_server, client):
+    from relevancy_tracer.service.queue import DONE_PREFIX, RedisStreamQueue
+
+    producer = RedisStreamQueue(redis_server.url)  # the receiver's queue, created before the restart
+    before, after = job(0), job(1)
+    with workers(redis_server.url, openai_settings(server)) as (worker,):
+        assert producer.offer([before])
+        wait_until(lambda: client.exists(DONE_PREFIX + before.evaluation_id), 30, "the first job done")
+        redis_server.restart()  # empty: no stream, no consumer group, no done records
+        wait_until(lambda: _offered(producer, after), 30, "the receiver queueing again")  # XADD recreates the stream, not the group
+        wait_until(lambda: client.exists(DONE_PREFIX + after.evaluation_id), 30, "the job queued after the restart done")
+    producer.close()
+    assert worker.scored == 2 and worker.queue.groups_created >= 1 and settled(client)
+    by_id = evaluations_by_id(backend, 2)
+    assert set(by_id) == {before.evaluation_id, after.evaluation_id} and all(len(v) == 1 for v in by_id.values())
+
+
+def _offered(producer: Any, request: ScoreRequest) -> bool:
+    try:
+        return producer.offer([request])
+    except Exception:  # the client reconnects on the next command
+        return False
+
+
+def test_two_workers_against_a_slow_model_never_score_a_job_twice(server, backend, redis_server, client):
+    """Each evaluation takes several claim periods; the workers extend their claims, so no
+    job is reclaimed by the other one."""
+    server.chat_delay = 1.5  # > 3 claim periods of 0.4 s
+    jobs = [job(i) for i in range(4)]
+    enqueue(client, jobs)
+    settings = openai_settings(server, concurrency=2, llm_timeout=10.0)
+    try:
+        with workers(redis_server.url, settings, n=2, claim_idle=0.4) as fleet:
+            wait_until(lambda: settled(client), 60, "all jobs acknowledged")
+    finally:
+        server.chat_delay = 0.0
+    assert sum(w.scored for w in fleet) == 4 and sum(w.reclaimed for w in fleet) == 0
+    assert len(server.requests_to("chat")) == 4  # each job evaluated once
+    by_id = evaluations_by_id(backend, 4)
+    assert set(by_id) == {j.evaluation_id for j in jobs} and all(len(v) == 1 for v in by_id.values())
+
+
+# ------------------------------------------------------------------------------ model outage
+
+
+def test_model_outage_jobs_retried_with_backoff_then_scored_final_only_after_max_deliveries(server, backend, redis_server, client):
+    outage = [Status(503, "model overloaded")] * 10_000
+    server.chat.push(*outage)
+    jobs = [job(i) for i in range(3)]
+    enqueue(client, jobs)
+    settings = openai_settings(server, llm_max_retries=0, max_deliveries=4)
+    with workers(redis_server.url, settings, claim_idle=0.5) as (worker,):
+        # every job failed twice and waits pending (redelivered after 0.5 s, then 1 s, 2 s)
+        wait_until(lambda: _all_delivered(client, 3, 2), 30, "each job delivered twice during the outage")
+        assert client.xlen(DEAD_LETTER) == 0
+        server.chat.clear()  # the model recovers
+        wait_until(lambda: settled(client), 30, "the jobs scored after the recovery")
+        assert worker.scored == 3 and worker.retried >= 6 and worker.dead_lettered == 0
+        # a longer outage: final after max_deliveries (4) failures, not before
+        server.chat.push(*outage)
+        chat_before = len(server.requests_to("chat"))
+        doomed = job(9)
+        enqueue(client, [doomed])
+        wait_until(lambda: settled(client, dead=1), 30, "the job dead-lettered after 4 deliveries")
+        server.chat.clear()
+    (letter,) = dead_letters(client)
+    assert letter["deliveries"] == "4" and "model_error on delivery 4 of 4" in letter["error"]
+    assert json.loads(letter["job"])["evaluation_id"] == doomed.evaluation_id
+    assert len(server.requests_to("chat")) - chat_before == 4  # one evaluation per delivery
+    by_id = evaluations_by_id(backend, 4)
+    assert set(by_id) == {j.evaluation_id for j in jobs} | {doomed.evaluation_id} and all(len(v) == 1 for v in by_id.values())
+    assert all(by_id[j.evaluation_id][0]["attributes"][A.STATUS] == "scored" for j in jobs)
+    final = by_id[doomed.evaluation_id][0]["attributes"]  # the final failure is visible on its span
+    assert final[A.STATUS] == "error" and final[A.ERROR_TYPE] == "model_error"
+
+
+def _all_delivered(client: Any, jobs: int, times: int) -> bool:
+    try:
+        pending = client.xpending_range(STREAM, "relevancy-tracer-workers", "-", "+", 100)
+    except Exception:
+        return False
+    return len(pending) == jobs and all(p["times_delivered"] >= times and p["time_since_delivered"] > 0 for p in pending)
+
+
+# ------------------------------------------------------------------------------ credentials and listeners
+
+
+def test_credentials_in_urls_are_masked_in_every_log_line(server, tmp_path, redis_server, client, caplog):
+    import logging
+
+    import relevancy_tracer
+    from relevancy_tracer._logging import mask_credentials
+
+    assert mask_credentials("http://user:pa55@host/v1 and redis://:pa55@h:6379/0?token=pa55") == "http://***@host/v1 and redis://***@h:6379/0?token=***"
+    secret_url = server.base_url.replace("http://", "http://user:pa55@")
+    with caplog.at_level(logging.INFO, logger="relevancy_tracer"):
+        relevancy_tracer.configure(llm="openai", embeddings="openai", llm_base_url=secret_url, method="ragas", setup_otel=False)
+        logging.getLogger("relevancy_tracer").warning("request to %s failed", secret_url)
+        relevancy_tracer.shutdown(5)
+    assert "pa55" not in caplog.text and "http://***@127.0.0.1" in caplog.text
+    # the worker command: its start-up line and the HTTP client's request lines (INFO)
+    enqueue(client, [job(0)])
+    client.config_set("requirepass", "pa55")  # connections already open stay authenticated
+    env = subprocess_env(fake_model_env(server), RELEVANCY_TRACER_LLM_BASE_URL=secret_url, RELEVANCY_TRACER_METHOD="ragas", OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
+    command = [str(Path(sys.executable).parent / "relevancy-tracer"), "worker", "--queue", redis_server.url.replace("redis://", "redis://:pa55@"), "--max-jobs", "1"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "1 scored" in output and "POST http://***@127.0.0.1" in output and "redis://***@127.0.0.1" in output
+    assert "pa55" not in output
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+PROMETHEUS_APP = textwrap.dedent(
+    """
+    import socket, sys, urllib.request
+    import relevancy_tracer
+    port = int(sys.argv[1])
+    relevancy_tracer.configure()
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).status
+    relevancy_tracer.shutdown(5)
+    with socket.socket() as sock:
+        refused = sock.connect_ex(("127.0.0.1", port)) != 0
+    with socket.socket() as sock:  # free: a server can listen on it again (as servers do, SO_REUSEADDR)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1)
+    print("PROMETHEUS", scraped, refused, flush=True)
+    """
+)
+
+
+def test_the_tracers_shutdown_closes_the_prometheus_listener(server, tmp_path):
+    port = _free_port()
+    script = tmp_path / "app.py"
+    script.write_text(PROMETHEUS_APP)
+    env = subprocess_env(fake_model_env(server), RELEVANCY_TRACER_METHOD="ragas", OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none", OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1", OTEL_EXPORTER_PROMETHEUS_PORT=str(port))
+    proc = subprocess.run([sys.executable, str(script), str(port)], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "PROMETHEUS 200 True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_the_services_stop_closes_the_prometheus_listener(server, monkeypatch):
+    from relevancy_tracer.service import ScoringService
+
+    port = _free_port()
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1")
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(port))
+    service = ScoringService(openai_settings(server), http_port=0, grpc_port=None).start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            assert reply.status == 200 and b"relevancy" in reply.read()
+    finally:
+        assert service.stop(10)
+    assert not _listening(port)
+    with socket.socket() as sock:  # free: a server can listen on it again (as servers do, SO_REUSEADDR)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1)
+
+
+# ------------------------------------------------------------------------------ job validation
+
+_JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40), lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(changes=st.dictionaries(st.sampled_from(["evaluation_id", "trace_id", "span_id", "span_name", "service_name", "question", "answer", "method", "contexts", "project", "received_ns", "extra"]), _JSON_VALUES, max_size=4), dropped=st.sets(st.sampled_from(["evaluation_id", "trace_id", "question", "contexts"]), max_size=2))
+def test_a_queued_job_is_either_valid_or_rejected_with_a_reason(changes, dropped):
+    """Whatever a job's fields hold, reading it raises ValueError (-> a dead letter with the
+    reason) or gives a request the worker can score and write: nothing else escapes."""
+    data = dict(json.loads(job(0).to_json()), **changes)
+    for name in dropped:
+        data.pop(name, None)
+    try:
+        request = ScoreRequest.from_json(json.dumps(data))
+    except ValueError as exc:
+        assert str(exc)
+        return
+    assert all(isinstance(getattr(request, name), str) for name in ("question", "answer", "span_name", "service_name", "method"))
+    int(request.trace_id, 16), int(request.span_id, 16), int(request.evaluation_id, 16)
+    assert ScoreRequest.from_json(request.to_json()) == request
