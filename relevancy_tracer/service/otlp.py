@@ -164,30 +164,35 @@ def attributes(items: Any, max_text_chars: Optional[int] = None) -> dict[str, An
     return {kv.key: any_value(kv.value, max_text_chars) for kv in items}
 
 
+def _items(request: Any, signal: str, max_text_chars: Optional[int]) -> Any:
+    """(resource attributes, scope name, item) of every span (``signal="traces"``) or log
+    record (``"logs"``) of an export request; the resource's attributes decoded once."""
+    resources, scopes, items = ("resource_spans", "scope_spans", "spans") if signal == "traces" else ("resource_logs", "scope_logs", "log_records")
+    for resource_items in getattr(request, resources):
+        resource = attributes(resource_items.resource.attributes, max_text_chars)
+        for scope_items in getattr(resource_items, scopes):
+            for item in getattr(scope_items, items):
+                yield resource, scope_items.scope.name, item
+
+
 def spans_of(request: Any, max_text_chars: Optional[int] = None) -> list[ReceivedSpan]:
     """Every span of an ``ExportTraceServiceRequest`` message, string attribute values cut to
     ``max_text_chars`` characters (None: whole)."""
-    out = []
-    for resource_spans in request.resource_spans:
-        resource = attributes(resource_spans.resource.attributes, max_text_chars)
-        for scope_spans in resource_spans.scope_spans:
-            scope = scope_spans.scope.name
-            for span in scope_spans.spans:
-                out.append(
-                    ReceivedSpan(
-                        trace_id=span.trace_id.hex(),
-                        span_id=span.span_id.hex(),
-                        parent_span_id=span.parent_span_id.hex(),
-                        name=span.name,
-                        kind=int(span.kind),
-                        attributes=attributes(span.attributes, max_text_chars),
-                        resource=resource,
-                        scope=scope,
-                        start_ns=int(span.start_time_unix_nano),
-                        end_ns=int(span.end_time_unix_nano),
-                    )
-                )
-    return out
+    return [
+        ReceivedSpan(
+            trace_id=span.trace_id.hex(),
+            span_id=span.span_id.hex(),
+            parent_span_id=span.parent_span_id.hex(),
+            name=span.name,
+            kind=int(span.kind),
+            attributes=attributes(span.attributes, max_text_chars),
+            resource=resource,
+            scope=scope,
+            start_ns=int(span.start_time_unix_nano),
+            end_ns=int(span.end_time_unix_nano),
+        )
+        for resource, scope, span in _items(request, "traces", max_text_chars)
+    ]
 
 
 def _objects(value: Any) -> list:
@@ -299,20 +304,17 @@ def log_records_of(request: Any, max_text_chars: Optional[int] = None) -> list[R
     """Every log record of an ``ExportLogsServiceRequest`` message, strings cut to
     ``max_text_chars`` characters (None: whole)."""
     out = []
-    for resource_logs in request.resource_logs:
-        resource = attributes(resource_logs.resource.attributes, max_text_chars)
-        for scope_logs in resource_logs.scope_logs:
-            for record in scope_logs.log_records:
-                attrs = attributes(record.attributes, max_text_chars)
-                out.append(
-                    ReceivedLog(
-                        trace_id=record.trace_id.hex(),
-                        span_id=record.span_id.hex(),
-                        event_name=record.event_name or str(attrs.get("event.name") or ""),
-                        body=any_value(record.body, max_text_chars) if record.HasField("body") else None,
-                        attributes=attrs,
-                        resource=resource,
-                        time_ns=int(record.time_unix_nano or record.observed_time_unix_nano),
-                    )
-                )
+    for resource, _scope, record in _items(request, "logs", max_text_chars):
+        attrs = attributes(record.attributes, max_text_chars)
+        out.append(
+            ReceivedLog(
+                trace_id=record.trace_id.hex(),
+                span_id=record.span_id.hex(),
+                event_name=record.event_name or str(attrs.get("event.name") or ""),
+                body=any_value(record.body, max_text_chars) if record.HasField("body") else None,
+                attributes=attrs,
+                resource=resource,
+                time_ns=int(record.time_unix_nano or record.observed_time_unix_nano),
+            )
+        )
     return out
