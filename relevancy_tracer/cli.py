@@ -460,13 +460,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings = settings.replace(**overrides)
     service = ScoringService(settings, queue_url=args.queue, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, tls_cert=args.tls_cert, tls_key=args.tls_key, allow_unauthenticated=args.allow_unauthenticated).start()
     scheme = "https" if args.tls_cert else "http"
-    print(f"relevancy-tracer serve: OTLP/HTTP {scheme}://{args.host}:{service.server.http_port}/v1/traces, OTLP/gRPC {args.host}:{service.server.grpc_port}, queue {mask_credentials(args.queue) if args.queue else 'in-process'}", flush=True)
+    print(f"relevancy-tracer serve: OTLP/HTTP {scheme}://{args.host}:{service.server.http_port}/v1/traces and /v1/logs, OTLP/gRPC {args.host}:{service.server.grpc_port}, queue {mask_credentials(args.queue) if args.queue else 'in-process'}", flush=True)
     stopped = threading.Event()
     _stop_on_signals(stopped.set)
     while not stopped.wait(0.5):
         pass
     ok = service.stop(timeout=args.shutdown_timeout)
-    print(f"relevancy-tracer serve: stopped ({service.accepted} spans accepted, {service.refused} requests refused)", flush=True)
+    skipped = sum(service.skipped.values())
+    expired = sum(service.join.expired.values())
+    print(f"relevancy-tracer serve: stopped ({service.accepted} spans accepted, {service.refused} requests refused, {skipped} GenAI calls skipped, {expired} unjoined halves expired)", flush=True)
     return 0 if ok else 1
 
 
@@ -559,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--extractive", action="store_true", help="the app answers with passage sentences instead of generating with the local LLM")
     demo.set_defaults(func=cmd_demo)
 
-    serve = sub.add_parser("serve", help="receive OTLP traces and score the spans of apps that never import this package")
+    serve = sub.add_parser("serve", help="receive OTLP traces and logs and score the spans of apps that never import this package")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, default=4318, help="OTLP/HTTP port (default 4318; 0: a free port)")
     serve.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (default 4317; 0: a free port)")

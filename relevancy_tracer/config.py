@@ -252,6 +252,8 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("phoenix_url", "URL", "", "Also write each score as a Phoenix span annotation (`answer_relevancy`, upserted by evaluation id) to the Phoenix at this URL; API key from `PHOENIX_API_KEY`. Used by the decorator, `serve`, `worker` and `backfill`.", _parse_optional_str, _check_optional_str),
     _spec("service_token", "str", "", "Bearer token `serve` requires on every export request (`Authorization: Bearer <token>`, which OpenTelemetry exporters send with `OTEL_EXPORTER_OTLP_HEADERS`); others get 401 / UNAUTHENTICATED. Without one, `serve` listens on a non-loopback address only with `--allow-unauthenticated`.", _parse_optional_str, _check_optional_str),
     _spec("max_request_bytes", "int", "bytes", "Largest OTLP export request `serve` takes, as received and once decompressed (413 / RESOURCE_EXHAUSTED above). 16 MiB holds an SDK export batch (512 spans) whose spans carry 32 KB of text each, 4x gRPC's customary 4 MiB message limit, and bounds what one request costs in memory.", int, _check_number(1024, 1 << 31, integer=True)),
+    _spec("join_ttl", "float", "s", "`serve`: how long half of a GenAI call waits for its other half: a span whose content travels as OTLP log events (`gen_ai.user.message`, `gen_ai.choice`, `gen_ai.client.inference.operation.details`), or those events waiting for their span. Expired halves are counted by reason (`relevancy.service.join.expired`).", float, _check_number(0.001)),
+    _spec("join_max_entries", "int", "calls", "`serve`: most half-joined GenAI calls held at once (their held text is also bounded, by 4 x `max_request_bytes` characters); the oldest is dropped and counted (reason `evicted`) to make room.", int, _check_number(1, 10_000_000, integer=True)),
     _spec("setup_otel", "bool", "", "When the app has no TracerProvider/MeterProvider, `configure()` installs SDK ones with OTLP exporters from the standard OTEL_* variables.", _parse_bool, _check_bool),
     _spec("drift_detection", "bool", "", "Run the in-process drift detector on scores (see `relevancy_tracer.drift`).", _parse_bool, _check_bool),
 )
@@ -313,6 +315,8 @@ class Settings:
     phoenix_url: Optional[str] = None
     service_token: Optional[str] = field(default=None, repr=False)
     max_request_bytes: int = 16 * 1024 * 1024
+    join_ttl: float = 30.0
+    join_max_entries: int = 10_000
     setup_otel: bool = True
     drift_detection: bool = True
 
@@ -395,7 +399,7 @@ def _normalise(name: str, value: Any) -> Any:
             return tuple((str(k), v) for k, v in value.items())
         if isinstance(value, list):
             return tuple(tuple(item) for item in value)
-    if name in ("llm_timeout", "evaluation_timeout", "hold_timeout", "temperature", "sample_ratio") and isinstance(value, int) and not isinstance(value, bool):
+    if name in ("llm_timeout", "evaluation_timeout", "hold_timeout", "join_ttl", "temperature", "sample_ratio") and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if name == "rate_limit" and value == 0:
         return None

@@ -12,11 +12,13 @@ against :class:`~relevancy_tracer.testing.FakeOpenAIServer`; the scored spans an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
@@ -130,10 +132,13 @@ def test_datadog_variant_sends_traces_and_metrics_to_datadog():
 def test_scoring_variant_fans_traces_out_to_the_backend_and_the_scoring_fleet_by_trace_id():
     """Every trace goes to the backend and, routed by trace id over OTLP/gRPC to port 4317 of
     each resolved `serve` instance, to the scoring fleet, with retries on UNAVAILABLE (a full
-    scoring queue) and a sending queue."""
+    scoring queue) and a sending queue; logs (GenAI content events) go to the fleet through the
+    same exporter, so a span and its events reach the same instance."""
     config = load(CONTRIB_CONFIGS[2])
     exporters = config["service"]["pipelines"]["traces"]["exporters"]
     assert exporters == ["otlp/traces", "loadbalancing/scoring"]
+    assert config["service"]["pipelines"]["logs"]["exporters"] == ["loadbalancing/scoring"]
+    assert config["service"]["pipelines"]["logs"]["receivers"] == ["otlp"]
     balancer = config["exporters"]["loadbalancing/scoring"]
     assert balancer["routing_key"] == "traceID"
     assert balancer["resolver"]["dns"] == {"hostname": "${env:SCORING_SERVICE_HOSTNAME}", "port": 4317}
@@ -191,6 +196,28 @@ def test_rotel_env_names_real_rotel_settings():
     settings = rotel_env_settings()
     assert {"ROTEL_OTLP_GRPC_ENDPOINT", "ROTEL_OTLP_HTTP_ENDPOINT", "ROTEL_EXPORTER", "ROTEL_OTLP_EXPORTER_ENDPOINT", "ROTEL_OTLP_EXPORTER_PROTOCOL"} <= set(settings)
     assert settings["ROTEL_EXPORTER"] == "otlp"
+
+
+@contextlib.contextmanager
+def rotel_to_serve(serve_http_port: int, tmp_path: Path) -> Iterator[int]:
+    """rotel-agent running with collector-config/rotel.env, its exporter at a `serve` on
+    ``serve_http_port`` and its metrics receiver off (serve takes traces and logs); yields
+    rotel's OTLP/HTTP port."""
+    grpc_port, http_port = free_port(), free_port()
+    settings = rotel_env_settings()
+    settings.update(
+        ROTEL_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{grpc_port}",
+        ROTEL_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{http_port}",
+        ROTEL_OTLP_EXPORTER_ENDPOINT=f"http://127.0.0.1:{serve_http_port}",
+        ROTEL_OTLP_RECEIVER_METRICS_DISABLED="true",
+        ROTEL_PID_FILE=str(tmp_path / "rotel.pid"),
+        ROTEL_LOG_FILE=str(tmp_path / "rotel-agent.log"),
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROTEL_", "OTEL_"))}
+    env.update(settings)
+    with ServerProcess([rotel_agent(), "start"], tmp_path / "rotel.log", env=env) as rotel:
+        wait_until(lambda: rotel.check_running() or (port_open(grpc_port) and port_open(http_port)), 30, "rotel's OTLP ports")
+        yield http_port
 
 
 def port_open(port: int) -> bool:

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from relevancy_tracer._phoenix import free_port
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.service.writer import EVALUATION_ID
 from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver, RedisServer
@@ -253,26 +252,12 @@ def test_app_through_rotel_to_serve(server, backend, tmp_path):
     EVALUATOR spans reach the backend."""
     from relevancy_tracer.service import ScoringService
 
-    from ._observability import ServerProcess, wait_until
-    from .test_collector import port_open, rotel_agent, rotel_env_settings
+    from .test_collector import rotel_to_serve
 
     service = ScoringService(openai_settings(server), http_port=0, grpc_port=None).start()
-    grpc_port, http_port = free_port(), free_port()
-    settings = rotel_env_settings()
-    settings.update(
-        ROTEL_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{grpc_port}",
-        ROTEL_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{http_port}",
-        ROTEL_OTLP_EXPORTER_ENDPOINT=f"http://127.0.0.1:{service.server.http_port}",
-        ROTEL_OTLP_RECEIVER_METRICS_DISABLED="true",
-        ROTEL_PID_FILE=str(tmp_path / "rotel.pid"),
-        ROTEL_LOG_FILE=str(tmp_path / "rotel-agent.log"),
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROTEL_", "OTEL_"))}
-    env.update(settings)
     try:
-        with ServerProcess([rotel_agent(), "start"], tmp_path / "rotel.log", env=env) as rotel:
-            wait_until(lambda: rotel.check_running() or (port_open(grpc_port) and port_open(http_port)), 30, "rotel's OTLP ports")
-            ids = run_otel_only_app(f"http://127.0.0.1:{http_port}", openinference=4, genai=1)
+        with rotel_to_serve(service.server.http_port, tmp_path) as rotel_port:
+            ids = run_otel_only_app(f"http://127.0.0.1:{rotel_port}", openinference=4, genai=1)
             spans = backend.wait_for_spans(lambda s: len(evaluator_spans(s)) >= 5, timeout=60)
     finally:
         service.stop(10)

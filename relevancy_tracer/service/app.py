@@ -1,9 +1,10 @@
 """``relevancy-tracer serve`` and ``relevancy-tracer worker``: scoring spans of apps that never
 import this package.
 
-* :class:`ScoringService` receives OTLP traces (``receiver.py``), selects the spans to score
-  (``selection.py``: OpenInference and GenAI attributes, filters, the decorator's samplers) and
-  queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest` per span, a whole export
+* :class:`ScoringService` receives OTLP traces and logs (``receiver.py``), selects the spans to
+  score (``selection.py``: OpenInference and GenAI attributes, filters, the decorator's
+  samplers), joins GenAI content that travels as log events to its span (``join.py``, in this
+  process, before queueing) and queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest` per span, a whole export
   request or nothing: in process (the decorator's bounded :class:`~relevancy_tracer.worker.Worker`,
   the default), or on a Redis Stream (``--queue redis://...``) for a fleet. A full queue refuses
   the request with OTLP's retryable codes, so the exporter re-sends it; a request with more
@@ -20,6 +21,7 @@ import this package.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import threading
@@ -31,9 +33,10 @@ from ..phoenix import PhoenixClient
 from ..result import Status
 from ..worker import Worker
 from .jobs import ScoreRequest
-from .otlp import spans_of
+from .join import Content, ContentJoin, Held, is_content_event
+from .otlp import log_records_of, spans_of
 from .receiver import Admission, DrainRate, OTLPServer, ReceiverLimits
-from .selection import Selection, SpanSelector
+from .selection import Candidate, Selection, SpanSelector
 from .telemetry import ServiceTelemetry
 from .writer import Scorer
 
@@ -149,12 +152,19 @@ class ScoringService:
         # attribute texts are cut before selection parses them: one character past the largest
         # content budget keeps the scorer's truncation visible
         self._max_text_chars = max(s.max_question_chars, s.max_answer_chars, s.max_context_chars, s.max_content_chars) + 1
-        self.server = OTLPServer(self.accept, host=host, http_port=http_port, grpc_port=grpc_port, retry_after=self._retry_after, on_refusal=self._refused, token=s.service_token, tls_cert=tls_cert, tls_key=tls_key, limits=self.limits)
+        self.join = ContentJoin(s.join_ttl, s.join_max_entries, 4 * s.max_request_bytes, on_expired=self._expired)
+        self._join_expired = self.telemetry.meter_provider.get_meter("relevancy_tracer").create_counter("relevancy.service.join.expired", unit="{call}", description="Halves of GenAI calls (a span, or its content events) dropped before the other half arrived, by relevancy.join.reason")
+        self._sweeping = threading.Event()
+        self._sweeper: Optional[threading.Thread] = None
+        self.skipped: dict[str, int] = {}
+        self.server = OTLPServer(self.accept, accept_logs=self.accept_logs, host=host, http_port=http_port, grpc_port=grpc_port, retry_after=self._retry_after, on_refusal=self._refused, token=s.service_token, tls_cert=tls_cert, tls_key=tls_key, limits=self.limits)
         self.accepted = 0
         self.refused = 0
 
     def start(self) -> "ScoringService":
         self.server.start()
+        self._sweeper = threading.Thread(target=self._sweep, name="relevancy-tracer-join", daemon=True)
+        self._sweeper.start()
         logger.info("relevancy-tracer serve: OTLP/HTTP on %s:%s, OTLP/gRPC on %s:%s, queue %s, %s, %s", self.server.host, self.server.http_port, self.server.host, self.server.grpc_port, "redis" if self.queue is not None else "in-process", "TLS" if self.server.tls else "no TLS", "bearer token required" if self.settings.service_token else "no authentication")
         return self
 
@@ -164,16 +174,85 @@ class ScoringService:
         Returns an :class:`Admission`: not accepted (retryable) when the queue has no room for
         all of them, unless the queue is empty (a request larger than ``queue_size`` is then
         taken whole: it is never refused forever; ``max_request_bytes`` bounds it); spans with
-        invalid trace or span ids are rejected for good and counted in ``rejected_spans``."""
+        invalid trace or span ids are rejected for good and counted in ``rejected_spans``. GenAI
+        inference spans without content are joined with their held content events, or held
+        for them (``join.py``)."""
         s = self.settings
         spans = spans_of(request, self._max_text_chars)
         valid = [span for span in spans if span.ids_valid]
         rejected = len(spans) - len(valid)
         message = f"{rejected} span(s) rejected: a trace id must be 16 bytes and a span id 8, not all zeros" if rejected else ""
-        candidates = self.selector.select(valid)
+        candidates, pending = self.selector.partition(valid)
+        return self._admit(candidates, pending, {}, Admission(True, rejected, message))
+
+    def accept_logs(self, request: Any) -> Admission:
+        """Join the request's GenAI content events to their spans (``join.py``) and queue the
+        calls now complete, all or none (not accepted, retryable, when the queue has no room:
+        the buffer is then left as it was). Other log records are ignored."""
+        found = self.join.fold(record for record in log_records_of(request, self._max_text_chars) if is_content_event(record) and record.ids_valid)
+        return self._admit([], [], found, Admission(True))
+
+    def _admit(self, ready: list[Candidate], pending: list[Candidate], contents: dict[tuple[str, str], Content], admission: Admission) -> Admission:
+        """Join ``pending`` spans and event ``contents`` with the held halves, queue ``ready``
+        and the completed calls, then hold the rest; under the join's lock, so a refusal
+        changes nothing."""
+        join = self.join
+        if not pending and not contents and all(c.convention == "openinference" for c in ready):
+            # nothing to join: admissions stay concurrent (no lock around the queue's offer)
+            if ready and not self._offer(ready):
+                return Admission(False)
+            self.accepted += len(ready)
+            return admission
+        skipped: list[tuple[Candidate, str]] = []
+        finished: list[tuple[str, str]] = []
+        holding: dict[tuple[str, str], Held] = {}
+        now = join.clock()
+
+        def settle(key: tuple[str, str], candidate: Candidate, content: Content) -> None:
+            texts, reason = content.outcome()
+            finished.append(key)
+            if texts is None:
+                skipped.append((candidate, str(reason)))
+            else:
+                ready.append(Candidate(candidate.span, texts[0], texts[1], candidate.contexts, "genai-events"))
+
+        with join.lock:
+            for candidate in list(ready):  # GenAI content on the span: events held for it are moot
+                if candidate.convention != "openinference":
+                    finished.append((candidate.span.trace_id, candidate.span.span_id))
+            for candidate in pending:
+                key = (candidate.span.trace_id, candidate.span.span_id)
+                held = join.get(key)
+                if join.done(key) or (held is not None and held.span is not None):
+                    continue  # a re-sent span
+                content = held.content if held is not None else Content()
+                if content.complete:
+                    settle(key, candidate, content)
+                else:  # held without its attributes: only its name, ids and app are needed later
+                    resource = {k: v for k, v in candidate.span.resource.items() if k in ("service.name", "openinference.project.name")}
+                    holding[key] = Held(held.since if held is not None else now, dataclasses.replace(candidate.span, attributes={}, resource=resource), candidate.contexts, content)
+            for key, content in contents.items():
+                if join.done(key):
+                    continue  # a late event of a call already scored or skipped
+                held = join.get(key)
+                merged = held.content.merge(content) if held is not None else content
+                if held is not None and held.span is not None and merged.complete:
+                    settle(key, Candidate(held.span, "", "", held.contexts, "genai-events"), merged)
+                else:
+                    holding[key] = Held(held.since if held is not None else now, held.span if held is not None else None, held.contexts if held is not None else None, merged)
+            if ready and not self._offer(ready):
+                return Admission(False)
+            join.commit(finished, holding)
+        self.accepted += len(ready)
+        for candidate, reason in skipped:
+            self.skipped[reason] = self.skipped.get(reason, 0) + 1
+            self.telemetry.metrics.count(candidate.span.name, Status.SKIPPED, reason=reason, service_name=candidate.span.service_name)
+        return admission
+
+    def _offer(self, candidates: list[Candidate]) -> bool:
+        """Queue one job per candidate, all or none."""
+        s = self.settings
         requests = [ScoreRequest.from_candidate(c, s.method, s.max_question_chars, s.max_answer_chars) for c in candidates]
-        if not requests:
-            return Admission(True, rejected, message)
         if self.queue is not None:
             try:
                 ok = self.queue.offer(requests)
@@ -183,10 +262,18 @@ class ScoringService:
         else:
             assert self.worker is not None and self.scorer is not None
             ok = self.worker.submit_all([ServiceJob(self.scorer, r, s.evaluation_timeout, s.hold_timeout, self.drain) for r in requests], admit_when_empty=True)
-        if not ok:
-            return Admission(False)
-        self.accepted += len(requests)
-        return Admission(True, rejected, message)
+        return bool(ok)
+
+    def _expired(self, reason: str, count: int) -> None:
+        self._join_expired.add(count, {"relevancy.join.reason": reason})
+
+    def _sweep(self) -> None:
+        """Expire held halves while serving (every quarter of ``join_ttl``, at most 1 s)."""
+        while not self._sweeping.wait(min(1.0, self.settings.join_ttl / 4)):
+            try:
+                self.join.expire()
+            except Exception:
+                logger.warning("relevancy-tracer: expiring held GenAI calls failed", exc_info=True)
 
     def _retry_after(self) -> int:
         try:
@@ -209,6 +296,7 @@ class ScoringService:
         """Stop receiving, finish (in process) what is queued within ``timeout``, export, close."""
         deadline = time.monotonic() + timeout
         self.server.stop(grace=min(2.0, timeout))
+        self._sweeping.set()
         ok = True
         if self.worker is not None:
             ok = self.worker.shutdown(max(0.0, deadline - time.monotonic()))

@@ -1,7 +1,9 @@
-"""Decoding OTLP trace export requests (protobuf, OTLP/JSON) into plain span records.
+"""Decoding OTLP trace and logs export requests (protobuf, OTLP/JSON) into plain span and log
+records.
 
-OTLP/HTTP carries ``ExportTraceServiceRequest`` as binary protobuf (``application/x-protobuf``)
-or as OTLP/JSON (``application/json``), optionally gzip-compressed. OTLP/JSON is protobuf's JSON
+OTLP/HTTP carries ``ExportTraceServiceRequest`` and ``ExportLogsServiceRequest`` as binary
+protobuf (``application/x-protobuf``) or as OTLP/JSON (``application/json``), optionally
+gzip-compressed. OTLP/JSON is protobuf's JSON
 mapping with two differences the specification states: trace and span ids are hex strings (not
 base64), and enums are integers. gRPC carries the protobuf message.
 
@@ -162,30 +164,35 @@ def attributes(items: Any, max_text_chars: Optional[int] = None) -> dict[str, An
     return {kv.key: any_value(kv.value, max_text_chars) for kv in items}
 
 
+def _items(request: Any, signal: str, max_text_chars: Optional[int]) -> Any:
+    """(resource attributes, scope name, item) of every span (``signal="traces"``) or log
+    record (``"logs"``) of an export request; the resource's attributes decoded once."""
+    resources, scopes, items = ("resource_spans", "scope_spans", "spans") if signal == "traces" else ("resource_logs", "scope_logs", "log_records")
+    for resource_items in getattr(request, resources):
+        resource = attributes(resource_items.resource.attributes, max_text_chars)
+        for scope_items in getattr(resource_items, scopes):
+            for item in getattr(scope_items, items):
+                yield resource, scope_items.scope.name, item
+
+
 def spans_of(request: Any, max_text_chars: Optional[int] = None) -> list[ReceivedSpan]:
     """Every span of an ``ExportTraceServiceRequest`` message, string attribute values cut to
     ``max_text_chars`` characters (None: whole)."""
-    out = []
-    for resource_spans in request.resource_spans:
-        resource = attributes(resource_spans.resource.attributes, max_text_chars)
-        for scope_spans in resource_spans.scope_spans:
-            scope = scope_spans.scope.name
-            for span in scope_spans.spans:
-                out.append(
-                    ReceivedSpan(
-                        trace_id=span.trace_id.hex(),
-                        span_id=span.span_id.hex(),
-                        parent_span_id=span.parent_span_id.hex(),
-                        name=span.name,
-                        kind=int(span.kind),
-                        attributes=attributes(span.attributes, max_text_chars),
-                        resource=resource,
-                        scope=scope,
-                        start_ns=int(span.start_time_unix_nano),
-                        end_ns=int(span.end_time_unix_nano),
-                    )
-                )
-    return out
+    return [
+        ReceivedSpan(
+            trace_id=span.trace_id.hex(),
+            span_id=span.span_id.hex(),
+            parent_span_id=span.parent_span_id.hex(),
+            name=span.name,
+            kind=int(span.kind),
+            attributes=attributes(span.attributes, max_text_chars),
+            resource=resource,
+            scope=scope,
+            start_ns=int(span.start_time_unix_nano),
+            end_ns=int(span.end_time_unix_nano),
+        )
+        for resource, scope, span in _items(request, "traces", max_text_chars)
+    ]
 
 
 def _objects(value: Any) -> list:
@@ -194,43 +201,63 @@ def _objects(value: Any) -> list:
 
 
 def _hex_ids_to_base64(data: dict) -> None:
-    """OTLP/JSON hex ids -> protobuf JSON mapping's base64, in place."""
+    """OTLP/JSON hex ids -> protobuf JSON mapping's base64, in place (spans, their links, and
+    log records)."""
+    items = []
     for resource_spans in _objects(data.get("resourceSpans") or data.get("resource_spans")):
         for scope_spans in _objects(resource_spans.get("scopeSpans") or resource_spans.get("scope_spans")):
             for span in _objects(scope_spans.get("spans")):
-                for item in [span] + _objects(span.get("links")):
-                    for key in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"):
-                        value = item.get(key)
-                        if isinstance(value, str) and value:
-                            try:
-                                item[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
-                            except ValueError as exc:
-                                raise OTLPDecodeError(f"{key} {value!r} is not hex") from exc
+                items += [span] + _objects(span.get("links"))
+    for resource_logs in _objects(data.get("resourceLogs") or data.get("resource_logs")):
+        for scope_logs in _objects(resource_logs.get("scopeLogs") or resource_logs.get("scope_logs")):
+            items += _objects(scope_logs.get("logRecords") or scope_logs.get("log_records"))
+    for item in items:
+        for key in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"):
+            value = item.get(key)
+            if isinstance(value, str) and value:
+                try:
+                    item[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+                except ValueError as exc:
+                    raise OTLPDecodeError(f"{key} {value!r} is not hex") from exc
 
 
-def parse_request(body: bytes, content_type: str = "application/x-protobuf", content_encoding: str = "", max_bytes: Optional[int] = None) -> Any:
-    """An ``ExportTraceServiceRequest`` from an OTLP/HTTP body.
+def request_class(signal: str = "traces") -> Any:
+    """The protobuf class of an OTLP export request: ``ExportTraceServiceRequest`` for
+    ``"traces"``, ``ExportLogsServiceRequest`` for ``"logs"`` (KeyError for others)."""
+    if signal == "logs":
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+        return ExportLogsServiceRequest
+    if signal == "traces":
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        return ExportTraceServiceRequest
+    raise KeyError(signal)
+
+
+def parse_request(body: bytes, content_type: str = "application/x-protobuf", content_encoding: str = "", max_bytes: Optional[int] = None, signal: str = "traces") -> Any:
+    """An ``ExportTraceServiceRequest`` (``signal="traces"``) or ``ExportLogsServiceRequest``
+    (``signal="logs"``) from an OTLP/HTTP body.
 
     Args:
         body: the body as received. content_type: JSON when it contains ``json``, else
             protobuf. content_encoding: ``gzip`` or none. max_bytes: bound of the body and of
-            its decompressed size (None: no bound).
+            its decompressed size (None: no bound). signal: ``traces`` or ``logs``.
 
     Raises:
-        OTLPDecodeError: not an OTLP trace export (also: JSON that is not an object or nests
-            too deeply, corrupt gzip). RequestTooLarge: above ``max_bytes``.
+        OTLPDecodeError: not an OTLP export of that signal (also: JSON that is not an object
+            or nests too deeply, corrupt gzip). RequestTooLarge: above ``max_bytes``.
     """
     from google.protobuf import json_format
     from google.protobuf.message import DecodeError
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     body = decode_body(body, content_encoding, max_bytes if max_bytes is not None else 1 << 62)
-    request = ExportTraceServiceRequest()
+    request = request_class(signal)()
     if "json" in content_type.lower():
         try:
             data = json.loads(body)
             if not isinstance(data, dict):
-                raise OTLPDecodeError(f"bad OTLP/JSON body: an ExportTraceServiceRequest is a JSON object, not {type(data).__name__}")
+                raise OTLPDecodeError(f"bad OTLP/JSON body: an {type(request).__name__} is a JSON object, not {type(data).__name__}")
             _hex_ids_to_base64(data)
             json_format.ParseDict(data, request, ignore_unknown_fields=True)
         except OTLPDecodeError:
@@ -245,3 +272,49 @@ def parse_request(body: bytes, content_type: str = "application/x-protobuf", con
     except (DecodeError, RecursionError) as exc:
         raise OTLPDecodeError(f"bad OTLP protobuf body: {exc}") from exc
     return request
+
+
+@dataclass
+class ReceivedLog:
+    """One log record of a logs export request.
+
+    Attributes:
+        trace_id, span_id: lowercase hex of the span the record belongs to (empty when none).
+        event_name: the record's ``event_name``, else its ``event.name`` attribute (older SDKs),
+            else empty. body: the body as a Python value (a GenAI event's is a dict).
+        attributes: the record's attributes. resource: its resource's attributes.
+        time_ns: Unix nanoseconds (``time_unix_nano``, else ``observed_time_unix_nano``).
+    """
+
+    trace_id: str
+    span_id: str
+    event_name: str
+    body: Any
+    attributes: dict[str, Any]
+    resource: dict[str, Any] = field(default_factory=dict)
+    time_ns: int = 0
+
+    @property
+    def ids_valid(self) -> bool:
+        """A trace id of 16 bytes and a span id of 8, neither all zeros (a record of a span)."""
+        return len(self.trace_id) == 32 and self.trace_id != "0" * 32 and len(self.span_id) == 16 and self.span_id != "0" * 16
+
+
+def log_records_of(request: Any, max_text_chars: Optional[int] = None) -> list[ReceivedLog]:
+    """Every log record of an ``ExportLogsServiceRequest`` message, strings cut to
+    ``max_text_chars`` characters (None: whole)."""
+    out = []
+    for resource, _scope, record in _items(request, "logs", max_text_chars):
+        attrs = attributes(record.attributes, max_text_chars)
+        out.append(
+            ReceivedLog(
+                trace_id=record.trace_id.hex(),
+                span_id=record.span_id.hex(),
+                event_name=record.event_name or str(attrs.get("event.name") or ""),
+                body=any_value(record.body, max_text_chars) if record.HasField("body") else None,
+                attributes=attrs,
+                resource=resource,
+                time_ns=int(record.time_unix_nano or record.observed_time_unix_nano),
+            )
+        )
+    return out

@@ -1,8 +1,11 @@
-"""The OTLP trace receiver of ``relevancy-tracer serve``: OTLP/HTTP (protobuf and JSON, gzip) on
-``/v1/traces`` (aiohttp's server) and OTLP/gRPC ``TraceService/Export`` (grpcio).
+"""The OTLP receiver of ``relevancy-tracer serve``: OTLP/HTTP (protobuf and JSON, gzip) on
+``/v1/traces`` and ``/v1/logs`` (aiohttp's server), OTLP/gRPC ``TraceService/Export`` and
+``LogsService/Export`` (grpcio).
 
 Each export request is decoded, its candidate spans selected (``selection.py``) and offered to
-the queue as one unit (``accept``). Answers, as the OTLP specification lays them out:
+the queue as one unit (``accept``); a logs export request goes to ``accept_logs`` (GenAI
+content events joined to their spans, ``join.py``) under the same limits, authentication and
+refusals. Answers, as the OTLP specification lays them out:
 
 * queued (or nothing to queue): HTTP 200 / gRPC OK, with ``partial_success`` counting the spans
   rejected for good (invalid trace or span ids) and why;
@@ -57,7 +60,8 @@ class Admission:
 
     Attributes:
         accepted: False when the queue cannot take the request now (answered retryable).
-        rejected_spans: spans rejected for good (OTLP ``partial_success.rejected_spans``).
+        rejected_spans: spans (log records, for a logs request) rejected for good (OTLP
+            ``partial_success.rejected_spans`` / ``rejected_log_records``).
         message: why they were rejected (``partial_success.error_message``).
     """
 
@@ -66,8 +70,11 @@ class Admission:
     message: str = ""
 
 
-#: accept(ExportTraceServiceRequest) -> Admission
+#: accept(ExportTraceServiceRequest) -> Admission (accept_logs: ExportLogsServiceRequest)
 Accept = Callable[[Any], Admission]
+
+#: gRPC service of each signal.
+GRPC_SERVICES = {"traces": "opentelemetry.proto.collector.trace.v1.TraceService", "logs": "opentelemetry.proto.collector.logs.v1.LogsService"}
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,13 @@ def _encode(message: Any, is_json: bool) -> bytes:
     return json_format.MessageToJson(message, indent=None).encode() if is_json else message.SerializeToString()
 
 
-def _response(admission: Admission) -> Any:
+def _response(admission: Admission, signal: str = "traces") -> Any:
+    if signal == "logs":
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsPartialSuccess, ExportLogsServiceResponse
+
+        if admission.rejected_spans:
+            return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(rejected_log_records=admission.rejected_spans, error_message=admission.message))
+        return ExportLogsServiceResponse()
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTracePartialSuccess, ExportTraceServiceResponse
 
     if admission.rejected_spans:
@@ -160,10 +173,13 @@ class _Busy(asyncio.Protocol):
 
 
 class OTLPServer:
-    """OTLP/HTTP and OTLP/gRPC trace receivers calling ``accept`` for each export request.
+    """OTLP/HTTP and OTLP/gRPC receivers calling ``accept`` for each trace export request and
+    ``accept_logs`` for each logs export request.
 
     Args:
         accept: ``accept(ExportTraceServiceRequest) -> Admission``.
+        accept_logs: ``accept_logs(ExportLogsServiceRequest) -> Admission``; None: no logs
+            receiver (``/v1/logs`` answers 404, ``LogsService`` UNIMPLEMENTED).
         host: bind address. http_port, grpc_port: ports (0: a free port; None: that protocol off).
         retry_after: ``retry_after() -> int`` seconds for refusals. on_refusal: ``fn(protocol)``.
         token: when set, every export request must carry ``Authorization: Bearer <token>``
@@ -180,6 +196,7 @@ class OTLPServer:
         self,
         accept: Accept,
         *,
+        accept_logs: Optional[Accept] = None,
         host: str = "127.0.0.1",
         http_port: Optional[int] = 4318,
         grpc_port: Optional[int] = 4317,
@@ -193,6 +210,7 @@ class OTLPServer:
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both a certificate and a key file")
         self.accept = accept
+        self.accept_logs = accept_logs
         self.host = host
         self.retry_after = retry_after
         self.count_refusal = on_refusal
@@ -318,8 +336,10 @@ class OTLPServer:
 
         if request.method in ("GET", "HEAD") and path in ("/healthz", "/health", ""):
             return web.Response(body=b'{"status":"ok"}', content_type="application/json")
-        if path != "/v1/traces":
-            return error(404, NOT_FOUND, f"no such path {request.path!r}; OTLP traces go to POST /v1/traces")
+        signals = {"/v1/traces": "traces", "/v1/logs": "logs"} if self.accept_logs is not None else {"/v1/traces": "traces"}
+        signal = signals.get(path)
+        if signal is None:
+            return error(404, NOT_FOUND, f"no such path {request.path!r}; OTLP traces go to POST /v1/traces" + (", logs to POST /v1/logs" if self.accept_logs is not None else ""))
         if request.method != "POST":
             return error(405, INVALID_ARGUMENT, "use POST", {"Allow": "POST"})
         if not self.authorized(request.headers.get("Authorization")):
@@ -358,7 +378,7 @@ class OTLPServer:
                 response.force_close()
                 return response
             # the slot is freed when the decoding ends, even if this request is cancelled first
-            decoding = self._pool.submit(self._decode_and_admit, body, content_type)
+            decoding = self._pool.submit(self._decode_and_admit, body, content_type, signal)
             decoding.add_done_callback(self._release_slot)
             outcome = await asyncio.wrap_future(decoding)
         finally:
@@ -368,7 +388,7 @@ class OTLPServer:
             if not outcome.accepted:
                 self.count_refusal("http")
                 return error(429, UNAVAILABLE, "the scoring queue is full; retry later", {"Retry-After": str(self.retry_after())})
-            return web.Response(body=_encode(_response(outcome), is_json), content_type="application/json" if is_json else "application/x-protobuf")
+            return web.Response(body=_encode(_response(outcome, signal), is_json), content_type="application/json" if is_json else "application/x-protobuf")
         if isinstance(outcome, OTLPDecodeError):
             return error(400, INVALID_ARGUMENT, str(outcome))
         return error(500, INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
@@ -398,10 +418,12 @@ class OTLPServer:
             inflater.finish()
         return b"".join(parts)
 
-    def _decode_and_admit(self, body: bytes, content_type: str) -> Any:
+    def _decode_and_admit(self, body: bytes, content_type: str, signal: str = "traces") -> Any:
         """Admission, or the exception that stopped it (runs on the decoding threads)."""
         try:
-            return self.accept(parse_request(body, content_type))
+            accept = self.accept_logs if signal == "logs" else self.accept
+            assert accept is not None
+            return accept(parse_request(body, content_type, signal=signal))
         except OTLPDecodeError as exc:
             return exc
         except Exception as exc:  # a bug, never a dropped connection: answered 500 and logged
@@ -416,18 +438,18 @@ class OTLPServer:
         import grpc
 
         limits = self.limits
-        handler = grpc.method_handlers_generic_handler(
-            "opentelemetry.proto.collector.trace.v1.TraceService",
-            # the raw bytes come in (no deserializer): an undecodable request is answered
-            # INVALID_ARGUMENT here instead of grpcio's INTERNAL
-            {"Export": grpc.unary_unary_rpc_method_handler(self._export, request_deserializer=None, response_serializer=lambda message: message.SerializeToString())},
-        )
+        # the raw bytes come in (no deserializer): an undecodable request is answered
+        # INVALID_ARGUMENT here instead of grpcio's INTERNAL
+        handlers = [
+            grpc.method_handlers_generic_handler(GRPC_SERVICES[signal], {"Export": grpc.unary_unary_rpc_method_handler(lambda raw, context, signal=signal: self._export(raw, context, signal), request_deserializer=None, response_serializer=lambda message: message.SerializeToString())})
+            for signal in (("traces", "logs") if self.accept_logs is not None else ("traces",))
+        ]
         options = [
             ("grpc.max_receive_message_length", limits.max_request_bytes),  # also bounds the decompressed size
             ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 10_000)),
             ("grpc.max_concurrent_streams", 100),
         ]
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.max_inflight, thread_name_prefix="relevancy-tracer-otlp-grpc"), handlers=[handler], options=options, maximum_concurrent_rpcs=limits.max_connections)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.max_inflight, thread_name_prefix="relevancy-tracer-otlp-grpc"), handlers=handlers, options=options, maximum_concurrent_rpcs=limits.max_connections)
         address = f"{self.host}:{port}"
         if self.tls:
             cert, key = (open(path, "rb").read() for path in self._tls_files)  # type: ignore[arg-type]
@@ -440,22 +462,23 @@ class OTLPServer:
         self._grpc = server
         self.grpc_port = bound
 
-    def _export(self, raw: bytes, context: Any) -> Any:
+    def _export(self, raw: bytes, context: Any, signal: str = "traces") -> Any:
         import grpc
         from google.protobuf.message import DecodeError
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        from .otlp import request_class
 
         metadata = {key: value for key, value in context.invocation_metadata() if isinstance(value, str)}
         if not self.authorized(metadata.get("authorization")):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization: Bearer <token>)")
         try:
-            request = ExportTraceServiceRequest.FromString(raw)
+            request = request_class(signal).FromString(raw)
         except (DecodeError, RecursionError) as exc:
             request, problem = None, f"bad OTLP protobuf request: {exc}"
         if request is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         try:
-            admission = self.accept(request)
+            admission = (self.accept_logs if signal == "logs" else self.accept)(request)  # type: ignore[misc]
         except Exception as exc:  # a bug: answered INTERNAL and logged
             logger.warning("relevancy-tracer: an OTLP/gRPC export request failed", exc_info=True)
             admission, problem = None, f"the request could not be processed: {type(exc).__name__}"
@@ -465,4 +488,4 @@ class OTLPServer:
             self.count_refusal("grpc")
             context.set_trailing_metadata((("retry-after", str(self.retry_after())),))
             context.abort(grpc.StatusCode.UNAVAILABLE, "the scoring queue is full; retry later")
-        return _response(admission)
+        return _response(admission, signal)

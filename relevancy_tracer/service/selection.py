@@ -13,6 +13,10 @@ are instrumented with:
   ``gen_ai.prompt`` / ``gen_ai.completion`` (a string, JSON messages, or OpenLLMetry's indexed
   ``gen_ai.prompt.<i>.role`` / ``.content``).
 
+A GenAI inference span (``gen_ai.operation.name`` chat, text_completion or generate_content)
+without content on it is *pending*: OpenTelemetry's own GenAI instrumentations send its
+messages as log events, which ``join.py`` joins to it (:meth:`SpanSelector.partition`).
+
 Filters (all configurable): OpenInference span kinds (default CHAIN, AGENT and LLM; spans
 without a kind qualify through the GenAI attributes), span-name glob patterns, required
 attribute values, and by default only the outermost candidate of each trace in the batch (a
@@ -41,6 +45,8 @@ QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q")
 ANSWER_FIELDS = ("answer", "output", "result", "response", "text", "content", "output_text")
 _DOCUMENT = re.compile(r"^retrieval\.documents\.(\d+)\.document\.content$")
 _INDEXED = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(role|content)$")
+#: ``gen_ai.operation.name`` values of inference calls whose content may come as log events.
+INFERENCE_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 
 
 @dataclass(frozen=True)
@@ -212,20 +218,36 @@ class SpanSelector:
         self._ratio = TraceIdRatioSampler(selection.sample_ratio)
         self._rate = RateLimitSampler(selection.rate_limit) if selection.rate_limit else None
 
-    def texts(self, span: ReceivedSpan) -> Optional[tuple[str, str, str]]:
-        """(question, answer, convention) when ``span`` passes the static filters."""
+    def passes(self, span: ReceivedSpan) -> bool:
+        """Whether ``span`` passes the static filters (names, attributes, kinds; not this
+        package's own spans)."""
         attrs = span.attributes
         if span.scope == "relevancy_tracer" or A.STATUS in attrs:
-            return None  # written by this package (scored in-app, or an evaluator span)
+            return False  # written by this package (scored in-app, or an evaluator span)
         kind = attrs.get(A.OPENINFERENCE_SPAN_KIND)
         sel = self.selection
         if sel.names and not any(fnmatch.fnmatchcase(span.name, pattern) for pattern in sel.names):
-            return None
+            return False
         for key, expected in sel.attributes:
             if str(attrs.get(key)) != expected:
-                return None
-        if kind is not None and (kind == A.SPAN_KIND_EVALUATOR or kind not in sel.span_kinds):
+                return False
+        return kind is None or (kind != A.SPAN_KIND_EVALUATOR and kind in sel.span_kinds)
+
+    def awaits_content(self, span: ReceivedSpan) -> bool:
+        """Whether ``span`` is a GenAI inference call (``gen_ai.operation.name`` chat,
+        text_completion or generate_content) passing the static filters whose question and
+        answer are not on the span: its content may come as log events (``join.py``)."""
+        return self._inference(span) and self.texts(span) is None
+
+    def _inference(self, span: ReceivedSpan) -> bool:
+        return str(span.attributes.get("gen_ai.operation.name") or "") in INFERENCE_OPERATIONS and self.passes(span)
+
+    def texts(self, span: ReceivedSpan) -> Optional[tuple[str, str, str]]:
+        """(question, answer, convention) when ``span`` passes the static filters."""
+        attrs = span.attributes
+        if not self.passes(span):
             return None
+        kind = attrs.get(A.OPENINFERENCE_SPAN_KIND)
         try:
             found = openinference_texts(attrs) if kind is not None else None
             if found is not None:
@@ -242,6 +264,12 @@ class SpanSelector:
 
         Linear in the number of spans: each span's ancestry is walked once per batch (memoised)
         and each trace's RETRIEVER documents are collected once."""
+        return self.partition(spans)[0]
+
+    def partition(self, spans: Sequence[ReceivedSpan]) -> tuple[list[Candidate], list[Candidate]]:
+        """(candidates, pending) of one batch: pending are GenAI inference spans whose content
+        may come as log events (:meth:`awaits_content`; question and answer empty, convention
+        ``genai-events``), filtered, outermost and sampled alike with the candidates."""
         sel = self.selection
         by_trace: dict[str, dict[str, ReceivedSpan]] = {}
         for span in spans:
@@ -249,9 +277,10 @@ class SpanSelector:
         candidates = []
         for span in spans:
             texts = self.texts(span)
-            if texts is None:
-                continue
-            candidates.append(Candidate(span, texts[0], texts[1], None, texts[2]))
+            if texts is not None:
+                candidates.append(Candidate(span, texts[0], texts[1], None, texts[2]))
+            elif self._inference(span):  # texts() found no content on it
+                candidates.append(Candidate(span, "", "", None, "genai-events"))
         if sel.outermost_only and candidates:
             chosen: dict[str, set[str]] = {}
             for candidate in candidates:
@@ -267,7 +296,7 @@ class SpanSelector:
                 continue
             candidate.contexts = self._contexts(candidate.span, by_trace[candidate.span.trace_id].values(), retrieved)
             out.append(candidate)
-        return out
+        return [c for c in out if c.convention != "genai-events"], [c for c in out if c.convention == "genai-events"]
 
     def _contexts(self, span: ReceivedSpan, trace_spans: Any, retrieved: dict[str, list[str]]) -> Optional[list[str]]:
         from ..extraction import cap_contexts

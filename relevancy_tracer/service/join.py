@@ -1,0 +1,285 @@
+"""Joining GenAI content carried as OTLP log events to the spans it belongs to.
+
+The OpenTelemetry GenAI conventions carry a call's messages as log-based events by default, not
+as span attributes: OpenTelemetry's own instrumentations (``opentelemetry-instrumentation-openai-v2``
+and the others built on ``opentelemetry-util-genai``) export a ``chat <model>`` span with the
+operation, model, usage and finish reasons, and, on the same trace and span ids, log records:
+
+* ``gen_ai.system.message`` / ``gen_ai.user.message`` / ``gen_ai.assistant.message`` /
+  ``gen_ai.tool.message``: one per input message, body ``{"content": ...}`` (semantic
+  conventions 1.30 and earlier; the content only with content capture on);
+* ``gen_ai.choice``: one per choice, body ``{"index", "finish_reason", "message": {"role",
+  "content", "tool_calls"}}``;
+* ``gen_ai.client.inference.operation.details`` (the latest conventions): attributes
+  ``gen_ai.input.messages`` / ``gen_ai.output.messages`` as on a span.
+
+Spans and log records arrive in separate export requests, in either order. :class:`ContentJoin`
+holds the half that came first, keyed by (trace id, span id), until the other half arrives:
+
+* the question is the last ``gen_ai.user.message`` (by time, then arrival), or the last user
+  message of ``gen_ai.input.messages``; the answer is the text of the first choice (lowest
+  ``index``), or the assistant text of ``gen_ai.output.messages``;
+* a call is complete once its span is there and an answer-bearing event (``gen_ai.choice`` or
+  ``operation.details`` with output messages) arrived: its input events were emitted before
+  its choices, so they are in the same or an earlier export of the app's batch processor. A
+  complete call is scored, or skipped with a reason: ``tool_call`` (the first choice calls a
+  tool and has no text), ``content_not_captured`` (events without content: the app runs with
+  content capture off), ``no_user_message`` (no user message among the inputs);
+* a half waits at most ``ttl`` seconds, then is dropped and counted by reason:
+  ``span_without_content`` (a held span whose events never came: the app exports no logs, or
+  not to this service) or ``content_without_span``; ``evicted`` when the buffer is at
+  ``max_entries`` calls or ``max_chars`` characters of held text and the oldest half makes
+  room. Keys of calls already scored or skipped are remembered for ``ttl`` (bounded likewise),
+  so a late event of a handled call (content on the span and in events: ``SPAN_AND_EVENT``) is
+  ignored rather than held.
+
+Thread-safe. The caller looks up, queues, then commits (:meth:`ContentJoin.commit`) under
+:attr:`ContentJoin.lock`, so a refused export request (queue full, retried by the exporter)
+leaves the buffer as it was.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Optional
+
+from .otlp import ReceivedLog, ReceivedSpan
+from .selection import _load, _message_texts, _parts_text
+
+#: Event names this module reads (``gen_ai.<role>.message`` for every role).
+CHOICE = "gen_ai.choice"
+OPERATION_DETAILS = "gen_ai.client.inference.operation.details"
+MESSAGE_EVENTS = {"gen_ai.system.message": "system", "gen_ai.user.message": "user", "gen_ai.assistant.message": "assistant", "gen_ai.tool.message": "tool"}
+CONTENT_EVENTS = frozenset({CHOICE, OPERATION_DETAILS, *MESSAGE_EVENTS})
+
+# skip reasons (``relevancy.status.reason`` of a ``skipped`` evaluation)
+TOOL_CALL = "tool_call"
+CONTENT_NOT_CAPTURED = "content_not_captured"
+NO_USER_MESSAGE = "no_user_message"
+# expiry reasons (``relevancy.service.join.expired``)
+SPAN_WITHOUT_CONTENT = "span_without_content"
+CONTENT_WITHOUT_SPAN = "content_without_span"
+EVICTED = "evicted"
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Content:
+    """What the events of one call said so far (immutable: merging makes a new one).
+
+    Attributes:
+        question: the last user message text, with its (time_ns, arrival) order key.
+        answer: the first choice's text (None: no text). answer_index: that choice's index
+            (None: no answer-bearing event yet). tool_call: the first choice calls a tool.
+        inputs: input message events seen (with or without content).
+    """
+
+    question: Optional[str] = None
+    question_order: tuple[int, int] = (-1, -1)
+    answer: Optional[str] = None
+    answer_index: Optional[int] = None
+    tool_call: bool = False
+    inputs: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.answer_index is not None
+
+    @property
+    def chars(self) -> int:
+        return len(self.question or "") + len(self.answer or "")
+
+    def merge(self, other: "Content") -> "Content":
+        question, order = (other.question, other.question_order) if other.question_order > self.question_order else (self.question, self.question_order)
+        answer, index, tool = self.answer, self.answer_index, self.tool_call
+        if other.answer_index is not None and (index is None or other.answer_index < index):
+            answer, index, tool = other.answer, other.answer_index, other.tool_call
+        return Content(question, order, answer, index, tool, self.inputs + other.inputs)
+
+    def outcome(self) -> tuple[Optional[tuple[str, str]], Optional[str]]:
+        """((question, answer), None) to score, or (None, skip reason)."""
+        if self.tool_call and not (self.answer or "").strip():
+            return None, TOOL_CALL
+        if not (self.answer or "").strip():
+            return None, CONTENT_NOT_CAPTURED
+        if not (self.question or "").strip():
+            return None, CONTENT_NOT_CAPTURED if self.inputs else NO_USER_MESSAGE
+        return (self.question, self.answer), None  # type: ignore[return-value]
+
+
+def _has_tool_call(message: Any) -> bool:
+    if not isinstance(message, dict):
+        return False
+    if message.get("tool_calls"):
+        return True
+    parts = message.get("parts")
+    return isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") == "tool_call" for p in parts)
+
+
+def _text(content: Any) -> Optional[str]:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return _parts_text(content) or None
+    return None
+
+
+def content_of(record: ReceivedLog, arrival: int) -> Optional[Content]:
+    """The :class:`Content` one GenAI event carries, or None when it is not a content event.
+    ``arrival`` orders events of equal timestamps."""
+    name = record.event_name
+    body = record.body if isinstance(record.body, dict) else {}
+    order = (record.time_ns, arrival)
+    if name in MESSAGE_EVENTS:
+        role = str(body.get("role") or MESSAGE_EVENTS[name])
+        text = _text(body.get("content")) if role == "user" else None
+        if role == "user" and text is not None:
+            return Content(question=text, question_order=order, inputs=1)
+        return Content(inputs=1)
+    if name == CHOICE:
+        message = body.get("message") if isinstance(body.get("message"), dict) else {}
+        index = body.get("index", 0)
+        return Content(answer=_text(message.get("content")), answer_index=index if isinstance(index, int) else 0, tool_call=_has_tool_call(message))
+    if name == OPERATION_DETAILS:
+        attrs = {**body, **record.attributes}
+        inputs = _load(attrs.get("gen_ai.input.messages"))
+        outputs = _load(attrs.get("gen_ai.output.messages"))
+        users = [text for role, text in _message_texts(inputs) if role == "user"]
+        content = Content(question=users[-1] if users else None, question_order=order if users else (-1, -1), inputs=len(inputs) if isinstance(inputs, list) else 0)
+        if isinstance(outputs, list):
+            first = next((m for m in outputs if isinstance(m, dict)), {})
+            texts = [text for role, text in _message_texts([first]) if role in ("assistant", "")]
+            content = replace(content, answer="".join(texts) or None, answer_index=0, tool_call=_has_tool_call(first))
+        return content
+    return None
+
+
+def is_content_event(record: ReceivedLog) -> bool:
+    return record.event_name in CONTENT_EVENTS
+
+
+@dataclass
+class Held:
+    """One half-joined call: its span (and the contexts found beside it) and/or its content."""
+
+    since: float
+    span: Optional[ReceivedSpan] = None
+    contexts: Optional[list[str]] = None
+    content: Content = field(default_factory=Content)
+
+    @property
+    def chars(self) -> int:
+        return self.content.chars + sum(len(c) for c in self.contexts or [])
+
+
+class ContentJoin:
+    """The bounded buffer of half-joined GenAI calls (see the module docstring).
+
+    Args:
+        ttl: seconds a half waits (> 0). max_entries: calls held at once (>= 1).
+        max_chars: characters of held text at once (>= 1).
+        on_expired: ``fn(reason, count)`` for halves dropped (expired or evicted).
+        clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(self, ttl: float, max_entries: int, max_chars: int, on_expired: Callable[[str, int], None] = lambda reason, n: None, clock: Callable[[], float] = time.monotonic):
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self.max_chars = max_chars
+        self.on_expired = on_expired
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._held: "OrderedDict[Key, Held]" = OrderedDict()
+        self._done: "OrderedDict[Key, float]" = OrderedDict()
+        self._chars = 0
+        self._arrival = 0
+        self.expired: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def chars(self) -> int:
+        return self._chars
+
+    def fold(self, records: Iterable[ReceivedLog]) -> dict[Key, Content]:
+        """The content of each call in ``records`` (content events only), by (trace, span)."""
+        found: dict[Key, Content] = {}
+        with self.lock:
+            for record in records:
+                self._arrival += 1
+                content = content_of(record, self._arrival)
+                if content is None:
+                    continue
+                key = (record.trace_id, record.span_id)
+                found[key] = found[key].merge(content) if key in found else content
+        return found
+
+    def done(self, key: Key) -> bool:
+        """Whether the call was scored or skipped within the last ``ttl`` seconds (call under
+        :attr:`lock`)."""
+        return key in self._done
+
+    def get(self, key: Key) -> Optional[Held]:
+        """The half held for ``key`` (call under :attr:`lock`; do not mutate it)."""
+        return self._held.get(key)
+
+    def commit(self, finished: Iterable[Key], holding: dict[Key, Held]) -> None:
+        """After the queue took an export request: forget ``finished`` calls (remembered as
+        done) and hold (replace) the halves in ``holding``; then expire and evict. Call under
+        :attr:`lock`."""
+        now = self.clock()
+        for key in finished:
+            self._drop(key)
+            self._done[key] = now
+            self._done.move_to_end(key)
+        for key, held in holding.items():
+            old = self._held.get(key)
+            if old is not None:  # replaced in place: its place in the age order is kept
+                self._chars -= old.chars
+            self._held[key] = held
+            self._chars += held.chars
+        self.expire(now)
+        while len(self._done) > self.max_entries:
+            self._done.popitem(last=False)
+        evicted = 0
+        while self._held and (len(self._held) > self.max_entries or self._chars > self.max_chars):
+            _, held = self._held.popitem(last=False)
+            self._chars -= held.chars
+            evicted += 1
+        self._count(EVICTED, evicted)
+
+    def expire(self, now: Optional[float] = None) -> None:
+        """Drop halves older than ``ttl`` and forget done keys older than ``ttl``, counting the
+        halves by reason."""
+        with self.lock:
+            now = self.clock() if now is None else now
+            counts = {SPAN_WITHOUT_CONTENT: 0, CONTENT_WITHOUT_SPAN: 0}
+            # insertion order is age order: a half replaced by a merge keeps its place and age
+            while self._held:
+                key, held = next(iter(self._held.items()))
+                if now - held.since < self.ttl:
+                    break
+                self._drop(key)
+                counts[SPAN_WITHOUT_CONTENT if held.span is not None else CONTENT_WITHOUT_SPAN] += 1
+            while self._done and now - next(iter(self._done.values())) >= self.ttl:
+                self._done.popitem(last=False)
+            for reason, n in counts.items():
+                self._count(reason, n)
+
+    def _drop(self, key: Key) -> None:
+        held = self._held.pop(key, None)
+        if held is not None:
+            self._chars -= held.chars
+
+    def _count(self, reason: str, n: int) -> None:
+        if n:
+            self.expired[reason] = self.expired.get(reason, 0) + n
+            try:
+                self.on_expired(reason, n)
+            except Exception:  # a metrics failure never breaks the receiver
+                pass
