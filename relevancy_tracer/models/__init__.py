@@ -71,9 +71,10 @@ def host_connection(settings: Settings) -> Any:
     """The process-wide :class:`~.host.HostConnection` to the model host of ``settings``
     (nothing starts here: the host starts on the first request)."""
     from .host import HostConnection
+    from .local_llm import cache_dir
 
     spec = host_spec(settings)
-    return _shared_instance(("host", spec), lambda: HostConnection(spec))
+    return _shared_instance(("host", spec, str(cache_dir())), lambda: HostConnection(spec))
 
 
 def build_llm(settings: Settings) -> ChatModel:

@@ -240,6 +240,7 @@ class HostConnection:
         self._presence = None
         self._process = None  # not this child's child
         self._crashes = collections.deque()
+        self.starts = 0
 
     @property
     def paths(self) -> HostPaths:
@@ -250,8 +251,8 @@ class HostConnection:
     # -- host lifetime
 
     def _alive(self) -> bool:
-        """True while the presence connection is open (the host never writes on it: readable
-        means end-of-file, the host has gone)."""
+        """True while the presence connection is open. The host never writes on it: readable
+        means end-of-file, the host has died (recorded as a crash). Call with the lock held."""
         presence = self._presence
         if presence is None:
             return False
@@ -260,9 +261,7 @@ class HostConnection:
         except (OSError, ValueError):
             readable = [presence]
         if readable:
-            with contextlib.suppress(OSError):
-                presence.close()
-            self._presence = None
+            self._lose(self._generation)
             return False
         return True
 
@@ -295,15 +294,19 @@ class HostConnection:
         """Record that the host of ``generation`` (see :meth:`attach`) died, once however many
         requests saw it; returns the reason (for the error message)."""
         with self._lock:
-            if generation != self._generation or self._lost == generation:
-                return self._lost_reason
-            if self._presence is not None:
-                with contextlib.suppress(OSError):
-                    self._presence.close()
-                self._presence = None
-            self._lost, self._lost_reason = generation, self._death()
-            self._crashes.append(time.monotonic())
+            return self._lose(generation)
+
+    def _lose(self, generation: int) -> str:
+        if generation != self._generation or self._lost == generation:
             return self._lost_reason
+        if self._presence is not None:
+            with contextlib.suppress(OSError):
+                self._presence.close()
+            self._presence = None
+        self._lost, self._lost_reason = generation, self._death()
+        self._crashes.append(time.monotonic())
+        logger.warning("relevancy-tracer: %s", self._lost_reason)
+        return self._lost_reason
 
     def attach(self) -> int:
         """Make sure the host runs and this process is one of its clients: connect to it, or
@@ -322,7 +325,8 @@ class HostConnection:
             recent = len(self._crashes)
             if recent >= self._max_restarts:
                 raise ModelHostError(
-                    f"the model host crashed {recent} times within {self._restart_window:g} s; not restarting it (log: {self.paths.log})"
+                    f"the model host crashed {recent} times within {self._restart_window:g} s; not restarting it "
+                    f"(last: {self._lost_reason}; log: {self.paths.log})"
                 )
             if self._connect_presence():
                 return self._generation
