@@ -169,6 +169,17 @@ def _factory(name: str) -> Optional[Any]:
     return getattr(importlib.import_module(module), attribute)
 
 
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a host's log (its error, when it failed to start)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 4096))
+            lines = [line.strip() for line in handle.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1][:300] if lines else "empty log"
+
+
 def describe_exit(code: Optional[int]) -> str:
     """``killed by SIGKILL`` / ``exited with status 3`` for a Popen return code."""
     if code is None:
@@ -368,7 +379,7 @@ class HostConnection:
                 while not self._connect_presence():
                     code = process.poll()
                     if code is not None:
-                        raise ModelHostError(f"the model host {describe_exit(code)} while starting; log: {paths.log}")
+                        raise ModelHostError(f"the model host {describe_exit(code)} while starting ({_last_line(paths.log)}); log: {paths.log}")
                     if time.monotonic() > deadline:
                         process.kill()
                         process.wait()
