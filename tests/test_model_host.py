@@ -289,3 +289,24 @@ def test_host_files_are_private(cache):
     info = models.llm.connection.info()
     assert info["nice"] >= 19 - os.getpriority(os.PRIO_PROCESS, 0) and info["clients"] >= 1
     models.llm.connection.close()
+
+
+def test_a_cancelled_request_is_cancelled_in_the_host_and_is_no_crash(cache, tmp_path, monkeypatch):
+    """An evaluation that times out closes its connection: the host cancels that request, and
+    the client neither counts a crash nor restarts the host."""
+    import asyncio
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    monkeypatch.setenv(HOLD_FILE_ENV, str(hold))
+    models = build_models(Settings.resolve(**FAKE))
+    connection = models.llm.connection
+    messages = [{"role": "user", "content": f"<answer>\n{ANSWER}\n</answer>"}]
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(asyncio.wait_for(models.llm.chat_json(messages, {}, max_tokens=8), 1.0))
+    pid = connection.info()["pid"]
+    wait_until(lambda: connection.info()["in_flight"] == 0, what="the host to cancel the request")
+    hold.unlink()
+    reply = asyncio.run(models.llm.chat_json(messages, {}, max_tokens=8))
+    assert reply.model == "fake-host-chat" and connection.info()["pid"] == pid
+    assert connection.starts == 1 and not connection._crashes

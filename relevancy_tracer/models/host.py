@@ -211,6 +211,21 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+class _Call:
+    """One request's connection, so that a cancelled caller can close it."""
+
+    def __init__(self) -> None:
+        self.connection: Optional[_UnixHTTPConnection] = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        sock = self.connection.sock if self.connection is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
 class _NotStarted(Exception):
     """The host was not running when the request was sent (nothing in flight was lost)."""
 
@@ -301,10 +316,19 @@ class HostConnection:
         pid = f" (pid {self._host_pid})" if self._host_pid else ""
         return f"the model host{pid} exited (see {self.paths.log})"
 
-    def host_lost(self, generation: int) -> str:
-        """Record that the host of ``generation`` (see :meth:`attach`) died, once however many
-        requests saw it; returns the reason (for the error message)."""
+    def host_lost(self, generation: int) -> Optional[str]:
+        """A request to the host of ``generation`` (see :meth:`attach`) broke: when the host
+        has died (its presence connection reaches end-of-file within a second), record it once
+        however many requests saw it and return the reason; None when the host lives."""
         with self._lock:
+            presence = self._presence
+            if generation == self._generation and presence is not None:
+                try:
+                    readable, _, _ = select.select([presence], [], [], 1.0)
+                except (OSError, ValueError):
+                    readable = [presence]
+                if not readable:
+                    return None
             return self._lose(generation)
 
     def _lose(self, generation: int) -> str:
@@ -400,10 +424,10 @@ class HostConnection:
 
     # -- requests
 
-    def _send(self, path: str, payload: Any, generation: int, holder: Optional[list] = None) -> Any:
+    def _send(self, path: str, payload: Any, generation: int, call: Optional["_Call"] = None) -> Any:
         connection = _UnixHTTPConnection(str(self.paths.socket), timeout=None)
-        if holder is not None:
-            holder.append(connection)
+        if call is not None:
+            call.connection = connection
         body = json.dumps(payload).encode("utf-8")
         try:
             try:
@@ -415,7 +439,12 @@ class HostConnection:
                 response = connection.getresponse()
                 data = response.read()
             except (OSError, http.client.HTTPException) as exc:
-                raise ModelHostError(f"{self.host_lost(generation)} while this request was in flight ({type(exc).__name__})") from exc
+                if call is not None and call.cancelled:
+                    raise ModelError("cancelled") from exc
+                reason = self.host_lost(generation)
+                if reason is None:  # the host lives: only this connection broke
+                    raise ModelError(f"the model host dropped the connection ({type(exc).__name__}: {exc})") from exc
+                raise ModelHostError(f"{reason} while this request was in flight ({type(exc).__name__})") from exc
         finally:
             connection.close()
         try:
@@ -426,7 +455,7 @@ class HostConnection:
             raise ModelError(str(reply.get("error") or f"HTTP {response.status}"))
         return reply
 
-    def request(self, path: str, payload: Any, holder: Optional[list] = None) -> Any:
+    def request(self, path: str, payload: Any, call: Optional["_Call"] = None) -> Any:
         """POST ``payload`` (JSON) to ``path`` on the host; the decoded JSON reply. Blocking.
 
         Raises ModelHostError (host died in flight, cannot start) or ModelError (the model
@@ -435,27 +464,21 @@ class HostConnection:
         for _ in range(3):
             generation = self.attach()
             try:
-                return self._send(path, payload, generation, holder)
+                return self._send(path, payload, generation, call)
             except _NotStarted:
                 # the host went away before this request reached it: nothing was in flight
                 with self._lock:
-                    alive = self._alive()
-                if not alive:
-                    self.host_lost(generation)
+                    self._alive()
         raise ModelHostError(f"cannot reach the model host at {self.paths.socket}")
 
     async def arequest(self, path: str, payload: Any) -> Any:
         """:meth:`request` in a worker thread; on cancellation its connection is closed, which
         cancels the request in the host."""
-        holder: list = []
+        call = _Call()
         try:
-            return await asyncio.to_thread(self.request, path, payload, holder)
+            return await asyncio.to_thread(self.request, path, payload, call)
         except asyncio.CancelledError:
-            for connection in holder:
-                sock = connection.sock
-                if sock is not None:
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
+            call.cancel()
             raise
 
     def info(self) -> dict:
