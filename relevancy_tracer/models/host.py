@@ -576,13 +576,17 @@ class _Host:
         self.paths = paths
         self.llm: Any = None
         self.embedder: Any = None
+        self.threads = 0
         self.clients = 0
         self.in_flight = 0
         self.served = 0
         self.idle_since = time.monotonic()
 
     def build(self) -> None:
+        from .local_llm import default_threads
+
         spec = self.spec
+        self.threads = spec.threads or default_threads()
         if spec.llm:
             factory = _factory(spec.llm)
             if factory is not None:
@@ -590,7 +594,7 @@ class _Host:
             else:
                 from .local_llm import LocalChatModel
 
-                self.llm = LocalChatModel(spec.llm, threads=spec.threads, n_ctx=spec.n_ctx, repack=spec.repack)
+                self.llm = LocalChatModel(spec.llm, threads=self.threads, n_ctx=spec.n_ctx, repack=spec.repack)
         if spec.embedder:
             factory = _factory(spec.embedder)
             if factory is not None:
@@ -658,7 +662,7 @@ class _Host:
         return web.json_response({
             "pid": os.getpid(), "protocol": PROTOCOL, "llm": getattr(self.llm, "name", None), "embedder": getattr(self.embedder, "name", None),
             "clients": self.clients, "in_flight": self.in_flight, "served": self.served, "nice": os.getpriority(os.PRIO_PROCESS, 0),
-            "threads": getattr(self.llm, "_threads", None), "decode_stats": asdict(stats) if stats is not None else None,
+            "threads": self.threads, "decode_stats": asdict(stats) if stats is not None else None,
         })
 
     async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
