@@ -226,6 +226,18 @@ class _Call:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
+def _ended(sock: socket.socket, timeout: float) -> bool:
+    """True when ``sock`` (a presence connection, on which the host never writes) becomes
+    readable, i.e. reaches end-of-file, within ``timeout`` seconds. poll(2), not select(2):
+    an app may hold more than FD_SETSIZE (1024) descriptors."""
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+        return bool(poller.poll(int(timeout * 1000)))
+    except (OSError, ValueError):  # closed meanwhile
+        return True
+
+
 class _NotStarted(Exception):
     """The host was not running when the request was sent (nothing in flight was lost)."""
 
@@ -282,11 +294,7 @@ class HostConnection:
         presence = self._presence
         if presence is None:
             return False
-        try:
-            readable, _, _ = select.select([presence], [], [], 0)
-        except (OSError, ValueError):
-            readable = [presence]
-        if readable:
+        if _ended(presence, 0):
             self._lose(self._generation)
             return False
         return True
@@ -323,11 +331,7 @@ class HostConnection:
         with self._lock:
             presence = self._presence
             if generation == self._generation and presence is not None:
-                try:
-                    readable, _, _ = select.select([presence], [], [], 1.0)
-                except (OSError, ValueError):
-                    readable = [presence]
-                if not readable:
+                if not _ended(presence, 1.0):
                     return None
             return self._lose(generation)
 
