@@ -114,7 +114,7 @@ def configure(variant: str, done: list, event: threading.Event):
     relevancy_tracer.configure(
         llm="local", embeddings="local", setup_otel=False, score_unrecorded=True, local_host=variant != "in-process",
         local_host_idle_timeout=2.0, sample_ratio=0.0 if variant == "off" else 1.0, on_result=on_result,
-        evaluation_timeout=3600, queue_size=10000,
+        evaluation_timeout=3600, hold_timeout=3600, queue_size=10000,
     )
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -68,7 +69,7 @@ def gone(pid: int) -> bool:
 
 # a model set of its own (local_context), so the test starts and kills its own host, not one
 # another process of this user shares
-REAL = dict(llm="local", embeddings="local", local_host_idle_timeout=1.0, local_context=4096)
+REAL = dict(llm="local", embeddings="local", llm_model="qwen2.5-coder-1.5b", embedding_model="use-multilingual-v3", local_host_idle_timeout=1.0, local_context=4096)
 
 
 @pytest.mark.parametrize(
@@ -196,8 +197,11 @@ FORKED = textwrap.dedent(
     from relevancy_tracer import lifecycle
     from relevancy_tracer.models import host_connection
 
-    results = []
-    relevancy_tracer.configure(setup_otel=False, score_unrecorded=True, on_result=lambda o: results.append(o.status))
+    results, errors = [], []
+    def on_result(outcome):
+        results.append(outcome.status)
+        errors.append(outcome.result.error if outcome.result is not None else None)
+    relevancy_tracer.configure(setup_otel=False, score_unrecorded=True, on_result=on_result)
 
     @relevancy_tracer.trace(name="forked")
     def answer(question):
@@ -226,7 +230,7 @@ FORKED = textwrap.dedent(
     for pid, read in children:
         os.waitpid(pid, 0)
         outs.append(json.loads(os.read(read, 100000)))
-    print(json.dumps({"parent_host": parent_host, "parent_statuses": results, "children": outs, "llama": "llama_cpp" in sys.modules}))
+    print(json.dumps({"parent_host": parent_host, "parent_statuses": results, "errors": errors, "children": outs, "llama": "llama_cpp" in sys.modules}))
     """
 )
 
@@ -238,7 +242,7 @@ def test_forked_workers_reconnect_to_the_one_host(cache, tmp_path):
     done = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["parent_statuses"] == ["scored"] and not out["llama"]
+    assert out["parent_statuses"] == ["scored"] and not out["llama"], out
     for child in out["children"]:
         # the child's first evaluation went to the parent's host: a reconnect, no second host
         assert child["ok"] and child["statuses"][-1] == "scored" and child["host"] == out["parent_host"]
@@ -288,6 +292,9 @@ def test_host_files_are_private(cache):
     assert oct(paths.socket.stat().st_mode & 0o777) == "0o600" and oct(paths.clients.stat().st_mode & 0o777) == "0o600"
     info = models.llm.connection.info()
     assert info["nice"] >= 19 - os.getpriority(os.PRIO_PROCESS, 0) and info["clients"] >= 1
+    autogroup = Path(f"/proc/{info['pid']}/autogroup")
+    if autogroup.exists():  # the host's session is scheduled at low priority too (sched(7))
+        assert autogroup.read_text().split()[-1] == "19"
     models.llm.connection.close()
 
 

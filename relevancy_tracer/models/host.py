@@ -582,6 +582,7 @@ class _Host:
         self.embedder: Any = None
         self.threads = 0
         self.clients = 0
+        self.connected = False
         self.in_flight = 0
         self.served = 0
         self.idle_since = time.monotonic()
@@ -671,6 +672,7 @@ class _Host:
 
     async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.clients += 1
+        self.connected = True
         try:
             while await reader.read(4096):
                 pass
@@ -715,7 +717,10 @@ class _Host:
             loop.run_in_executor(None, warm, "")
         try:
             while not stop.is_set():
-                if self.clients == 0 and self.in_flight == 0 and time.monotonic() - self.idle_since > self.spec.idle_timeout:
+                # before its first client has connected, the host waits as long as a starting
+                # client does (a loaded machine may take seconds to schedule that client)
+                timeout = self.spec.idle_timeout if self.connected else max(self.spec.idle_timeout, START_TIMEOUT)
+                if self.clients == 0 and self.in_flight == 0 and time.monotonic() - self.idle_since > timeout:
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.25)
@@ -731,6 +736,29 @@ class _Host:
             await asyncio.to_thread(close, 5.0)
 
 
+def lower_priority(nice: int) -> None:
+    """Lower this process's CPU priority by ``nice`` (0-19); call before starting threads.
+
+    Two steps, because the host runs in a session of its own: ``nice(2)`` (inherited by every
+    thread started later: llama.cpp's, the executor's), and, where the kernel groups processes
+    by session for scheduling (``CONFIG_SCHED_AUTOGROUP``, ``/proc/sys/kernel/
+    sched_autogroup_enabled`` = 1, the default of most desktop and many server kernels), the
+    nice value of the session's autogroup (``/proc/self/autogroup``, sched(7)): there a
+    process's nice value only ranks it within its session, and the host's session would get an
+    equal share of the CPU with the app's. Failures (no permission, no autogroup) are ignored.
+    """
+    try:
+        os.nice(nice)
+    except OSError as exc:
+        if exc.errno != errno.EPERM:
+            raise
+    try:
+        with open("/proc/self/autogroup", "w") as handle:
+            handle.write(str(nice))
+    except OSError:
+        pass
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m relevancy_tracer.models.host``: run one model host in the foreground."""
     parser = argparse.ArgumentParser(prog="python -m relevancy_tracer.models.host", description="Serve the embedded models on a Unix socket.")
@@ -744,13 +772,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--idle-timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
     spec = HostSpec(args.llm, args.threads, args.n_ctx, args.repack, args.embedder, args.nice, args.idle_timeout)
-    # lower priority first: every thread created later (llama.cpp's, the executor's) inherits it
     if spec.nice:
-        try:
-            os.nice(spec.nice)
-        except OSError as exc:
-            if exc.errno != errno.EPERM:
-                raise
+        lower_priority(spec.nice)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s model-host[%(process)d] %(message)s")
     paths = HostPaths.of(spec, Path(args.directory) if args.directory else None)
