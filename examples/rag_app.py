@@ -33,7 +33,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 import relevancy_tracer
-from relevancy_tracer.models import shared_local_embedder
+from relevancy_tracer.config import Settings
+from relevancy_tracer.models import build_embedder
 
 #: Questions the reference answers, and questions it cannot (a careful app says it does not know).
 QUESTIONS = (
@@ -86,15 +87,22 @@ _generator_model = None
 
 
 def _app_llm():
-    """The app's own instance of the embedded LLM: the scorer has another, so an answer never
-    waits for a background evaluation to release the model (the weights are memory-mapped
-    once). ``RAG_APP_THREADS`` sets its CPU threads (default: all cores)."""
+    """The embedded LLM for the app's own answers: with ``local_host`` (the default) the model
+    host's model, the one the scorer uses (one llama.cpp context on the machine, whose decoder
+    batches the app's generations with the scorer's requests); else an in-process instance of
+    its own, with ``RAG_APP_THREADS`` CPU threads (default: all cores)."""
     global _generator_model
     if _generator_model is None:
-        from relevancy_tracer.models.local_llm import LocalChatModel
+        from relevancy_tracer.models import build_llm
 
-        threads = int(os.environ["RAG_APP_THREADS"]) if os.environ.get("RAG_APP_THREADS") else None
-        _generator_model = LocalChatModel("qwen2.5-coder-1.5b", threads=threads)
+        settings = Settings.resolve(llm="local", llm_model="qwen2.5-coder-1.5b")
+        if settings.local_host:
+            _generator_model = build_llm(settings)
+        else:
+            from relevancy_tracer.models.local_llm import LocalChatModel
+
+            threads = int(os.environ["RAG_APP_THREADS"]) if os.environ.get("RAG_APP_THREADS") else None
+            _generator_model = LocalChatModel("qwen2.5-coder-1.5b", threads=threads)
     return _generator_model
 
 
@@ -137,7 +145,7 @@ class PythonReferenceRAG:
         self.generator = generator or local_generator
         self.top_k = top_k
         self.min_similarity = min_similarity
-        self.embedder = shared_local_embedder()
+        self.embedder = build_embedder(Settings.resolve(embeddings="local", embedding_model="use-multilingual-v3"))  # the model host's, by default
         self.passages = load_passages()
         digest = hashlib.sha256("\x00".join(p.text for p in self.passages).encode()).hexdigest()[:16]
         cache = (cache_dir or default_cache_dir() / "examples") / f"pydoc-passages-{self.embedder.name}-{digest}.npy"

@@ -220,6 +220,9 @@ FIELDS: tuple[FieldSpec, ...] = (
     _spec("local_threads", "int", "", "CPU threads of the local llama.cpp model. Default: the CPUs this process may use (its CPU affinity and cgroup CPU quota).", lambda s: int(s) if s.strip() else None, _check_number(1, 256, integer=True, optional=True)),
     _spec("local_context", "int", "tokens", "KV cache of the local llama.cpp model, shared by its 4 cached sequences (4 concurrent evaluations of long answers need about 4 x 1,200).", int, _check_number(512, 32768, integer=True)),
     _spec("local_repack", "auto | on | off", "", "llama.cpp's weight repacking into extra CPU buffer types (`use_extra_bufts`). `auto`: off on CPUs with Intel AMX (Xeon Sapphire Rapids and later), where llama.cpp's AMX path crashes (ggml-org/llama.cpp#20824), on elsewhere.", str, _check_choice(("auto", "on", "off"))),
+    _spec("local_host", "bool", "", "Run the local models in the model host: one process per user and model set on the machine, shared by every process that scores (forked workers, CLI, `serve`), at lower CPU priority; a crash there fails only its in-flight evaluations (status `model_host_crashed`). False: in this process (debugging).", _parse_bool, _check_bool),
+    _spec("local_host_nice", "int", "", "CPU niceness added to the model host (0-19; 19 = lowest priority: the app's requests come first).", int, _check_number(0, 19, integer=True)),
+    _spec("local_host_idle_timeout", "float", "s", "The model host exits this long after its last client process has gone.", float, _check_number(0.0, 86400.0)),
     # ---- metric
     _spec("method", "|".join(METHODS), "", "Relevancy method (see README, 'Methods').", str, _check_choice(METHODS)),
     _spec("strictness", "int", "", "N: questions generated from each answer (RAGAS strictness).", int, _check_number(1, 10, integer=True)),
@@ -285,6 +288,9 @@ class Settings:
     local_threads: Optional[int] = None
     local_context: int = 8192
     local_repack: str = "auto"
+    local_host: bool = True
+    local_host_nice: int = 19
+    local_host_idle_timeout: float = 60.0
     method: str = "ragas_judge"
     strictness: int = 3
     noncommittal: str = "per_question"
@@ -399,7 +405,7 @@ def _normalise(name: str, value: Any) -> Any:
             return tuple((str(k), v) for k, v in value.items())
         if isinstance(value, list):
             return tuple(tuple(item) for item in value)
-    if name in ("llm_timeout", "evaluation_timeout", "hold_timeout", "join_ttl", "temperature", "sample_ratio") and isinstance(value, int) and not isinstance(value, bool):
+    if name in ("llm_timeout", "local_host_idle_timeout", "evaluation_timeout", "hold_timeout", "join_ttl", "temperature", "sample_ratio") and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if name == "rate_limit" and value == 0:
         return None

@@ -29,6 +29,7 @@ from typing import Any, Optional
 import relevancy_tracer
 
 from ._phoenix import PhoenixServer, free_port, port_is_free
+from .config import Settings
 
 PROJECT = "relevancy-tracer-demo"
 SPAN_NAME = "python_docs_rag.answer"
@@ -120,11 +121,12 @@ def _demo(args: argparse.Namespace, started: list) -> int:
     resource = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     os.environ["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(filter(None, [resource, f"openinference.project.name={PROJECT}"]))
     os.environ.setdefault("OTEL_METRICS_EXPORTER", "none")  # Phoenix takes traces only
-    # The app generates with its own model instance while the scorer works in the background:
-    # one thread each keeps two llama.cpp processes from oversubscribing a small machine.
-    cores = os.cpu_count() or 1
-    os.environ.setdefault("RAG_APP_THREADS", str(max(1, cores // 2)))
-    os.environ.setdefault("RELEVANCY_TRACER_LOCAL_THREADS", str(max(1, cores - cores // 2)))
+    # With the model host (default) the app's answers and the scorer share one model. In process
+    # (local_host=false) the app has its own instance: split the cores between the two.
+    if not Settings.resolve().local_host:
+        cores = os.cpu_count() or 1
+        os.environ.setdefault("RAG_APP_THREADS", str(max(1, cores // 2)))
+        os.environ.setdefault("RELEVANCY_TRACER_LOCAL_THREADS", str(max(1, cores - cores // 2)))
     # Local scoring on a small CPU is slower than the app answers: hold answer spans for as long
     # as the backlog needs instead of the production default (60 s).
     os.environ.setdefault("RELEVANCY_TRACER_HOLD_TIMEOUT", "1800")

@@ -89,6 +89,7 @@ def describe(settings: Settings, owned: OwnedProviders) -> str:
         from .models.local_llm import default_threads
 
         llm += f", {settings.local_threads or default_threads()} threads"
+        llm += ", in the model host" if settings.local_host else ", in process"
     elif settings.llm_base_url:
         llm += f" at {mask_credentials(settings.llm_base_url)}"
     parts = [

@@ -24,6 +24,7 @@ class Status:
     UNREADABLE_SCORE = "unreadable_score"  # a judge reply held no number in range
     EMBEDDING_ERROR = "embedding_error"  # wrong vector count, zero or NaN vectors
     MODEL_ERROR = "model_error"  # HTTP / connection / backend failure after retries
+    MODEL_HOST_CRASHED = "model_host_crashed"  # the local model host died in flight or cannot restart
     TIMEOUT = "timeout"
     INTERNAL_ERROR = "internal_error"  # a bug in the engine; never raised to the caller
     # tracer statuses
@@ -42,6 +43,7 @@ class Status:
         UNREADABLE_SCORE,
         EMBEDDING_ERROR,
         MODEL_ERROR,
+        MODEL_HOST_CRASHED,
         TIMEOUT,
         INTERNAL_ERROR,
     )

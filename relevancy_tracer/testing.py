@@ -182,6 +182,50 @@ def hashed_embedding(text: str, dims: int = 64) -> list[float]:
     return [v / norm for v in vector] if any(vector) else [1.0 / math.sqrt(dims)] * dims
 
 
+# ------------------------------------------------------------------- models for the model host
+
+#: Environment variable naming a file: while it exists, :class:`FakeHostChatModel` holds every
+#: request (so a test can have evaluations in flight in the model host, then kill the host).
+HOLD_FILE_ENV = "RELEVANCY_TRACER_TEST_HOLD_FILE"
+
+
+class FakeHostChatModel:
+    """A scripted :class:`~relevancy_tracer.models.base.ChatModel` the model host can run
+    instead of llama.cpp (``llm_model="relevancy_tracer.testing:FakeHostChatModel"``): replies
+    :func:`default_chat_reply`, instantly, unless the file named by :data:`HOLD_FILE_ENV`
+    exists, in which case each request waits until it is removed."""
+
+    name = "fake-host-chat"
+
+    async def chat_json(self, messages: Any, schema: dict, *, max_tokens: int, temperature: float = 0.0, seed: Optional[int] = None, score_key: Optional[str] = None) -> Any:
+        import asyncio
+        import os
+
+        from .models.base import ChatReply
+
+        hold = os.environ.get(HOLD_FILE_ENV)
+        while hold and os.path.exists(hold):
+            await asyncio.sleep(0.02)
+        return ChatReply(text=default_chat_reply({"messages": list(messages)}), model=self.name, finish_reason="stop")
+
+    def generate(self, messages: Any, *, max_tokens: int = 256, temperature: float = 0.0) -> str:
+        return "generated: " + _user_text({"messages": list(messages)})[:max_tokens]
+
+
+class FakeHostEmbedder:
+    """:func:`hashed_embedding` as an :class:`~relevancy_tracer.models.base.Embedder` for the
+    model host (``embedding_model="relevancy_tracer.testing:FakeHostEmbedder"``)."""
+
+    name = "fake-host-embed"
+
+    async def embed(self, texts: Any) -> Any:
+        import numpy as np
+
+        from .models.base import EmbeddingReply
+
+        return EmbeddingReply(vectors=np.asarray([hashed_embedding(t) for t in texts], dtype=np.float32), model=self.name)
+
+
 # ------------------------------------------------------------------------------- the server
 
 

@@ -102,6 +102,7 @@ def test_local_repack_setting_reaches_the_model(monkeypatch):
 
     monkeypatch.setenv("RELEVANCY_TRACER_LOCAL_REPACK", "off")
     settings = Settings.resolve(llm="local")
-    assert settings.local_repack == "off" and build_llm(settings)._repack == "off"
+    assert settings.local_repack == "off" and build_llm(settings).connection.spec.repack == "off"  # the model host's
+    assert build_llm(settings.replace(local_host=False))._repack == "off"  # in process
     monkeypatch.setenv("RELEVANCY_TRACER_LOCAL_REPACK", "maybe")
     assert Settings.resolve().local_repack == "auto"  # a bad environment value warns and falls back

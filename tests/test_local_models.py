@@ -242,3 +242,18 @@ def test_on_a_cpu_reporting_amx_the_model_loads_without_weight_repacking_and_sco
     )
     proc = subprocess.run([sys.executable, "-c", app], env=subprocess_env(OMP_WAIT_POLICY="PASSIVE"), capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_the_model_host_gives_the_in_process_scores(local_engine, seed_results):
+    """Moving the model into the host changes no score: the same answers scored in this process
+    (``local_host=false``) get the same raw scores and digit distributions; only the host loaded
+    llama.cpp's context for the hosted engine."""
+    assert local_engine.settings.local_host and type(local_engine.models.llm).__name__ == "HostChatModel"
+    info = local_engine.models.llm.connection.info()
+    assert info["pid"] != os.getpid() and info["nice"] >= 19 - os.getpriority(os.PRIO_PROCESS, 0)
+    inline = Engine(local_engine.settings.replace(local_host=False))
+    for name, question, answer in (("complete", FRANCE, FRANCE_COMPLETE), ("zh", ZH_QUESTION, ZH_ANSWER)):
+        hosted, local = seed_results[name], inline.score(question, answer)
+        assert local.status == Status.SCORED and hosted.evaluator_version == local.evaluator_version
+        assert hosted.raw_score == pytest.approx(local.raw_score, abs=1e-3), (name, hosted.raw_score, local.raw_score)
+    inline.models.llm.close()

@@ -1,8 +1,9 @@
 """Model backends behind two protocols: :class:`ChatModel` and :class:`Embedder`.
 
 :func:`build_models` turns :class:`~relevancy_tracer.config.Settings` into a backend pair.
-Local models are shared process-wide per (model, threads, context), so reconfiguring never
-loads a second copy of a 1 GB model.
+Local models run in the model host (:mod:`.host`, one process per user and model set on the
+machine) unless ``local_host`` is false; then they run in this process, shared process-wide
+per (model, threads, context), so reconfiguring never loads a second copy of a 1 GB model.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from .. import _fork
 from ..config import Settings
 from .base import ChatModel, ChatReply, Embedder, EmbeddingReply, ModelError, Models
 
-__all__ = ["ChatModel", "ChatReply", "Embedder", "EmbeddingReply", "ModelError", "Models", "build_models", "shared_local_embedder", "shared_local_llm"]
+__all__ = ["ChatModel", "ChatReply", "Embedder", "EmbeddingReply", "ModelError", "Models", "build_models", "host_connection", "shared_local_embedder", "shared_local_llm"]
 
 _shared: dict[tuple, Any] = {}
 _shared_lock = threading.Lock()
@@ -49,8 +50,39 @@ def shared_local_embedder(model: str = "use-multilingual-v3") -> Any:
     return _shared_instance(("local-embed", model), lambda: make_local_embedder(model))
 
 
+def host_spec(settings: Settings) -> Any:
+    """The :class:`~.host.HostSpec` of the local models of ``settings`` (the chat model when
+    ``llm`` is local, the embedder when ``embeddings`` is): one host serves both."""
+    from .host import HostSpec
+
+    local_llm = settings.llm == "local"
+    return HostSpec(
+        llm=settings.resolved_llm_model if local_llm else None,
+        threads=settings.local_threads if local_llm else None,
+        n_ctx=settings.local_context if local_llm else 8192,
+        repack=settings.local_repack if local_llm else "auto",
+        embedder=settings.resolved_embedding_model if settings.embeddings == "local" else None,
+        nice=settings.local_host_nice,
+        idle_timeout=settings.local_host_idle_timeout,
+    )
+
+
+def host_connection(settings: Settings) -> Any:
+    """The process-wide :class:`~.host.HostConnection` to the model host of ``settings``
+    (nothing starts here: the host starts on the first request)."""
+    from .host import HostConnection
+    from .local_llm import cache_dir
+
+    spec = host_spec(settings)
+    return _shared_instance(("host", spec, str(cache_dir())), lambda: HostConnection(spec))
+
+
 def build_llm(settings: Settings) -> ChatModel:
     """The chat backend for ``settings`` (no network or model load happens here)."""
+    if settings.llm == "local" and settings.local_host:
+        from .host import HostChatModel
+
+        return HostChatModel(host_connection(settings))
     if settings.llm == "local":
         return shared_local_llm(settings.resolved_llm_model, settings.local_threads, settings.local_context, settings.local_repack)
     from .openai_compat import OpenAIChatModel
@@ -67,6 +99,10 @@ def build_llm(settings: Settings) -> ChatModel:
 
 def build_embedder(settings: Settings) -> Embedder:
     """The embeddings backend for ``settings`` (lazy: nothing loads here)."""
+    if settings.embeddings == "local" and settings.local_host:
+        from .host import HostEmbedder
+
+        return HostEmbedder(host_connection(settings))
     if settings.embeddings == "local":
         return shared_local_embedder(settings.resolved_embedding_model)
     from .openai_compat import OpenAIEmbedder

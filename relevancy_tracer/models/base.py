@@ -18,7 +18,12 @@ import numpy as np
 
 
 class ModelError(Exception):
-    """A model request failed (HTTP error, connection error, timeout, backend crash)."""
+    """A model request failed (HTTP error, connection error, timeout, backend crash).
+
+    ``status``: the evaluation status it becomes (a subclass may name a narrower one).
+    """
+
+    status = "model_error"
 
 
 @dataclass

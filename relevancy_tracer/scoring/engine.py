@@ -45,6 +45,9 @@ MODEL_FIELDS = (
     "local_threads",
     "local_context",
     "local_repack",
+    "local_host",
+    "local_host_nice",
+    "local_host_idle_timeout",
 )
 
 

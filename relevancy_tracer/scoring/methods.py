@@ -155,7 +155,7 @@ def failure_of(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, EvaluationError):
         return exc.status, exc.message
     if isinstance(exc, ModelError):
-        return Status.MODEL_ERROR, str(exc)
+        return getattr(exc, "status", Status.MODEL_ERROR), str(exc)
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return Status.TIMEOUT, "the evaluation timed out"
     return Status.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
