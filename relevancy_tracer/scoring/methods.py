@@ -45,7 +45,7 @@ from ..config import Settings
 from ..models.base import ModelError, Models
 from ..result import EvaluationError, Status, Usage
 from . import prompts
-from .parsing import ReplyError, ask_json, judged_score, read_flag, read_number
+from .parsing import CutJSON, ReplyError, ask_json, judged_score, read_flag, read_number
 
 QUESTION_TOKENS = 48  # max output tokens budgeted per generated question (plus JSON overhead)
 
@@ -177,9 +177,19 @@ def _question_item(item: Any) -> tuple[str, bool]:
 
 def _questions_validator(n: int) -> Callable[[Any], tuple[list[str], list[bool]]]:
     """Validates ``{"questions": [...], "noncommittal": [...]}`` (also a list of
-    ``{"question", "noncommittal"}`` objects, the RAGAS shape some models prefer)."""
+    ``{"question", "noncommittal"}`` objects, the RAGAS shape some models prefer). A reply cut
+    off by its token budget (:class:`~.parsing.CutJSON`) needs only one question: the ones it
+    wrote are kept."""
 
     def validate(data: Any) -> tuple[list[str], list[bool]]:
+        if isinstance(data, CutJSON) and isinstance(data.get("questions"), list):
+            # a reply cut off by its token budget: the questions written so far are kept (the
+            # last one closed where it stopped); flags it did not reach count as committal
+            texts = [t.strip() for t in data["questions"] if isinstance(t, str) and t.strip()][:n]
+            flags = data.get("noncommittal") if isinstance(data.get("noncommittal"), list) else []
+            if not texts:
+                raise ReplyError("the cut reply holds no question", Status.TOO_FEW_QUESTIONS)
+            return texts, [read_flag(flags[i]) if i < len(flags) else False for i in range(len(texts))]
         if isinstance(data, dict) and isinstance(data.get("questions"), list) and isinstance(data.get("noncommittal"), list):
             texts, flags = data["questions"], data["noncommittal"]
             if len(flags) < min(len(texts), n):
