@@ -121,9 +121,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     records = load(args.records, args.config)
     if args.recompute_raw:
-        from quality import recompute_ragas_judge
+        from quality import SETS, load_items, recompute_ragas_judge
 
-        records = recompute_ragas_judge(records)
+        records = recompute_ragas_judge(records, load_items(SETS))
     if args.evaluate is not None:
         return evaluate_held_out(records, args.evaluate, dict((k, int(v)) for k, v in (part.split("=") for part in args.held_out.split(","))))
     raw = np.asarray([r["raw"] for r in records], dtype=float)

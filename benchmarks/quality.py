@@ -50,6 +50,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from relevancy_tracer.config import Settings  # noqa: E402
+from relevancy_tracer.scoring.restatement import STOP_WORDS  # noqa: E402
 from relevancy_tracer.scoring.calibration import (  # noqa: E402
     auroc,
     balanced_accuracy,
@@ -62,7 +63,7 @@ from relevancy_tracer.scoring.calibration import (  # noqa: E402
 
 DATA = Path(os.environ.get("RELEVANCY_TRACER_SHARED", ROOT.parent / "shared")) / "data"
 SETS = ("human", "pairs_en", "pairs_zh", "wikieval")
-PERTURBATIONS = ("incomplete_answer", "evasive_answer", "off_topic_answer", "padded_answer")
+PERTURBATIONS = ("incomplete_answer", "evasive_answer", "off_topic_answer", "padded_answer", "echo_answer", "hedge_answer")
 RESULTS = HERE / "results"
 
 
@@ -109,11 +110,7 @@ def load_items(sets: Iterable[str], limit: Optional[int] = None) -> list[dict]:
 # ---------------------------------------------------------------------------------- baseline
 
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
-_STOP = frozenset(
-    "the a an of to in on for and or is are was were be been by with what how why when where which who whom whose does do did "
-    "can could should would will it its this that these those from as at about into than then there their i you we they he she "
-    "my your our me us them his her not no yes if so such any some all more most other".split()
-)
+_STOP = STOP_WORDS  # the same list as the default's novelty check
 
 
 def _han_bigrams(text: str) -> set[str]:
@@ -368,18 +365,50 @@ def derive(records: list[dict], weights: dict[str, float], name: str) -> list[di
     return out
 
 
-def recompute_ragas_judge(records: list[dict]) -> list[dict]:
+def residual_components(records: list[dict], items: list[dict]) -> list[dict]:
+    """Records of ``ragas_judge`` from before the residual check, completed with the components
+    it adds: ``answer_similarity`` (the old ``topicality``), ``residual_similarity`` (the local
+    embedder's cosine of the question and :func:`~relevancy_tracer.scoring.restatement.residual`;
+    the same model the method sends it to, in one batch) and ``novelty``. No chat model call:
+    the judge and RAGAS components are the stored ones. Records that have them are unchanged."""
+    from relevancy_tracer.models.local_embed import make_local_embedder
+    from relevancy_tracer.scoring.restatement import novelty, residual
+
+    texts = {(it["set"], it["id"], it["cand"]): (it["question"], it["answer"]) for it in items}
+    todo = [r for r in records if (r.get("components") or {}).get("judge") is not None and "residual_similarity" not in r["components"] and (r["set"], r["id"], r["cand"]) in texts]
+    if not todo:
+        return records
+    pairs = [(texts[(r["set"], r["id"], r["cand"])], residual(*texts[(r["set"], r["id"], r["cand"])])) for r in todo]
+    embedder = make_local_embedder("use-multilingual-v3")
+    flat = [t for (question, _), rest in pairs for t in (question, rest or ".")]
+    vectors = np.concatenate([np.asarray(embedder.embed_sync(flat[i : i + 64]), dtype=np.float64) for i in range(0, len(flat), 64)])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    done = {}
+    for k, (r, ((question, answer), rest)) in enumerate(zip(todo, pairs)):
+        c = dict(r["components"])
+        c["answer_similarity"] = c.pop("topicality")
+        c["residual_similarity"] = float(vectors[2 * k] @ vectors[2 * k + 1]) if rest else 0.0
+        c["novelty"] = novelty(question, answer)
+        done[id(r)] = dict(r, components=c)
+    return [done.get(id(r), r) for r in records]
+
+
+def recompute_ragas_judge(records: list[dict], items: Optional[list[dict]] = None) -> list[dict]:
     """Records of ``ragas_judge`` with ``raw`` recomputed from their components by the current
     :func:`~relevancy_tracer.scoring.methods.ragas_judge_raw` (a change of the combination needs
-    no new model calls: the components are the same calls' outputs). ``score`` = raw."""
-    from relevancy_tracer.scoring.methods import ragas_judge_raw
+    no new model calls: the components are the same calls' outputs; with ``items``, records from
+    before the residual check are completed by :func:`residual_components`). ``score`` = raw."""
+    from relevancy_tracer.scoring.methods import ragas_judge_raw, ragas_judge_topical
 
+    if items is not None:
+        records = residual_components(records, items)
     out = []
     for r in records:
         c = r.get("components") or {}
-        if r.get("raw") is not None and all(c.get(k) is not None for k in ("judge", "topicality", "ragas")):
-            raw = ragas_judge_raw(c["judge"], c["topicality"], c["ragas"])
-            r = dict(r, raw=raw, score=raw)
+        parts = [c.get(k) for k in ("answer_similarity", "ragas", "residual_similarity", "novelty")]
+        if r.get("raw") is not None and c.get("judge") is not None and all(v is not None for v in parts):
+            raw = ragas_judge_raw(c["judge"], *parts)
+            r = dict(r, raw=raw, score=raw, components=dict(c, topicality=ragas_judge_topical(*parts)))
         out.append(r)
     return out
 
@@ -426,8 +455,9 @@ def markdown(reports: dict[str, dict]) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for lang in ("pairs_en", "pairs_zh"):
         lines += ["", f"#### Pairs ({lang}): pairwise accuracy, ties 0.5 [95% CI]; mean score gap reference - variant", ""]
-        lines.append("| config | incomplete | evasive | off-topic | padded | gap incomplete | gap evasive | gap off-topic | gap padded |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        kinds = [k.replace("_answer", "").replace("_", "-") for k in PERTURBATIONS]
+        lines.append("| config | " + " | ".join(kinds + [f"gap {k}" for k in kinds]) + " |")
+        lines.append("|" + " --- |" * (1 + 2 * len(kinds)))
         for name, rep in reports.items():
             p = rep.get("pairs", {}).get(lang, {})
             if not p:
@@ -525,7 +555,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             by_config[record["config"]].append(record)
     if args.recompute_raw:
         for name in list(by_config):
-            by_config[name] = recompute_ragas_judge(by_config[name])
+            by_config[name] = recompute_ragas_judge(by_config[name], items)
     scored = {(r["set"], r["id"], r["cand"]) for records in by_config.values() for r in records}
     by_config["word_overlap"] = baseline_records([it for it in items if (it["set"], it["id"], it["cand"]) in scored])
     names = [n for n, _ in configs if n in by_config] if not args.report_only else sorted(by_config)
