@@ -366,16 +366,17 @@ def derive(records: list[dict], weights: dict[str, float], name: str) -> list[di
 
 
 def residual_components(records: list[dict], items: list[dict]) -> list[dict]:
-    """Records of ``ragas_judge`` from before the residual check, completed with the components
-    it adds: ``answer_similarity`` (the old ``topicality``), ``residual_similarity`` (the local
-    embedder's cosine of the question and :func:`~relevancy_tracer.scoring.restatement.residual`;
-    the same model the method sends it to, in one batch) and ``novelty``. No chat model call:
-    the judge and RAGAS components are the stored ones. Records that have them are unchanged."""
+    """Records of ``ragas_judge`` with the components of the residual check computed afresh from
+    their texts: ``residual_similarity`` (the local embedder's cosine of the question and
+    :func:`~relevancy_tracer.scoring.restatement.residual`; the same model the method sends it
+    to) and ``novelty``; records from before the check get ``answer_similarity`` from their old
+    ``topicality``. No chat model call: the judge and RAGAS components are the stored ones, so a
+    change of the residual rule needs no rerun."""
     from relevancy_tracer.models.local_embed import make_local_embedder
     from relevancy_tracer.scoring.restatement import novelty, residual
 
     texts = {(it["set"], it["id"], it["cand"]): (it["question"], it["answer"]) for it in items}
-    todo = [r for r in records if (r.get("components") or {}).get("judge") is not None and "residual_similarity" not in r["components"] and (r["set"], r["id"], r["cand"]) in texts]
+    todo = [r for r in records if (r.get("components") or {}).get("judge") is not None and (r["set"], r["id"], r["cand"]) in texts]
     if not todo:
         return records
     pairs = [(texts[(r["set"], r["id"], r["cand"])], residual(*texts[(r["set"], r["id"], r["cand"])])) for r in todo]
@@ -386,7 +387,8 @@ def residual_components(records: list[dict], items: list[dict]) -> list[dict]:
     done = {}
     for k, (r, ((question, answer), rest)) in enumerate(zip(todo, pairs)):
         c = dict(r["components"])
-        c["answer_similarity"] = c.pop("topicality")
+        if "answer_similarity" not in c:
+            c["answer_similarity"] = c["topicality"]
         c["residual_similarity"] = float(vectors[2 * k] @ vectors[2 * k + 1]) if rest else 0.0
         c["novelty"] = novelty(question, answer)
         done[id(r)] = dict(r, components=c)
