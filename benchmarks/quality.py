@@ -217,6 +217,18 @@ def _ci(stat: Callable[[np.ndarray], float], n: int, groups: Optional[list] = No
     return [round(low, 3), round(high, 3)]
 
 
+LOW_LABELS = ("does_not_address", "somewhat_related")
+
+
+def _low_label_share(records: list[Optional[dict]]) -> Optional[float]:
+    """Share of ``records`` labelled ``does_not_address`` or ``somewhat_related`` (a failed
+    evaluation counts as not low); None when none of them carries a label."""
+    labelled = [r for r in records if r is not None and ("label_name" in r and r.get("label_name") is not None or r.get("status") != "scored")]
+    if not labelled:
+        return None
+    return round(sum(1 for r in labelled if r.get("label_name") in LOW_LABELS) / len(labelled), 3)
+
+
 def pair_report(records: list[dict], value: str = "score") -> dict[str, Any]:
     """Pairwise accuracy (ties 0.5), tie rate and mean reference-minus-variant, per language and
     perturbation, with bootstrap intervals over reference rows."""
@@ -266,6 +278,8 @@ def pair_report(records: list[dict], value: str = "score") -> dict[str, Any]:
                 "mean_gap": round(gap(all_idx), 3),
                 "mean_gap_ci": _ci(gap, len(rows)),
                 "by_source": by_source,
+                # share of the variants labelled below partially_addresses (labelled records only)
+                "low_label_share": _low_label_share([by_key.get((lang_set, rid, pert)) for rid in refs]),
             }
         out[lang_set] = lang
     return out
@@ -399,7 +413,8 @@ def recompute_ragas_judge(records: list[dict], items: Optional[list[dict]] = Non
     """Records of ``ragas_judge`` with ``raw`` recomputed from their components by the current
     :func:`~relevancy_tracer.scoring.methods.ragas_judge_raw` (a change of the combination needs
     no new model calls: the components are the same calls' outputs; with ``items``, records from
-    before the residual check are completed by :func:`residual_components`). ``score`` = raw."""
+    before the residual check are completed by :func:`residual_components`). ``score`` = raw;
+    ``label_name`` is dropped (report labels with ``--calibration-file``)."""
     from relevancy_tracer.scoring.methods import ragas_judge_raw, ragas_judge_topical
 
     if items is not None:
@@ -410,7 +425,8 @@ def recompute_ragas_judge(records: list[dict], items: Optional[list[dict]] = Non
         parts = [c.get(k) for k in ("answer_similarity", "ragas", "residual_similarity", "novelty")]
         if r.get("raw") is not None and c.get("judge") is not None and all(v is not None for v in parts):
             raw = ragas_judge_raw(c["judge"], *parts)
-            r = dict(r, raw=raw, score=raw, components=dict(c, topicality=ragas_judge_topical(*parts)))
+            # the stored label came from the old raw score: labels need the calibration fitted for the new one
+            r = dict(r, raw=raw, score=raw, label_name=None, components=dict(c, topicality=ragas_judge_topical(*parts)))
         out.append(r)
     return out
 
@@ -467,6 +483,13 @@ def markdown(reports: dict[str, dict]) -> str:
             acc = [_fmt(p.get(k, {}).get("accuracy"), p.get(k, {}).get("accuracy_ci")) for k in PERTURBATIONS]
             gaps = [_fmt(p.get(k, {}).get("mean_gap")) for k in PERTURBATIONS]
             lines.append(f"| {name} | " + " | ".join(acc + gaps) + " |")
+    lines += ["", "#### Degraded answers labelled `does_not_address` or `somewhat_related` (share of rows)", ""]
+    lines.append("| config | " + " | ".join(f"{lang[6:]} {k.replace('_answer', '').replace('_', '-')}" for lang in ("pairs_en", "pairs_zh") for k in PERTURBATIONS) + " |")
+    lines.append("|" + " --- |" * (1 + 2 * len(PERTURBATIONS)))
+    for name, rep in reports.items():
+        cells = [_fmt(rep.get("pairs", {}).get(lang, {}).get(k, {}).get("low_label_share")) for lang in ("pairs_en", "pairs_zh") for k in PERTURBATIONS]
+        if any(c != "-" for c in cells):
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "#### Calibration on the human set (5-fold cross-validated fit): expected calibration error", ""]
     lines.append("| config | Platt ECE | isotonic ECE |")
     lines.append("| --- | --- | --- |")
@@ -563,6 +586,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     names = [n for n, _ in configs if n in by_config] if not args.report_only else sorted(by_config)
     for name in [n for n in names if n != "word_overlap"]:
         for component in filter(None, args.components.split(",")):
+            if not any(component in (r.get("components") or {}) for r in by_config[name]):
+                continue
             derived = f"{component} (component of {name})"
             by_config[derived] = derive(by_config[name], {component: 1.0}, derived)
             names.append(derived)
