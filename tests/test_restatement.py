@@ -22,6 +22,12 @@ def test_an_echo_of_the_question_has_no_novelty_and_little_residual(answer):
     assert sum(ch.isalpha() for ch in residual(question, answer)) <= len("Question")  # at most a "Question:" label
 
 
+def test_the_questions_numbers_go_with_its_words():
+    question = 'Why are there prison sentences like "life plus 25 years"? They\'re already serving life, what\'s the 25 for?'
+    assert residual(question, "Question: " + question) == "Question: \" \"? ' , ' ?"
+    assert residual(question, "It adds 25 years to 1 life.") == "It adds to 1 ."
+
+
 def test_a_hedge_keeps_only_its_template():
     hedge = f'Based on the context provided, there is no direct answer to the question "{Q}"'
     assert residual(Q, hedge) == 'Based on the context provided, there is no direct answer to the question " ?"'

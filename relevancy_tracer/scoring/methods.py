@@ -419,7 +419,7 @@ RAGAS_JUDGE = {
     "residual_scale": 1.5,
     "novelty_ramp": (0.5, 0.8),
     "topical": "min(max(answer_similarity, ragas), max(residual_scale * residual_similarity, cap * ramp(novelty)))",
-    "residual": "answer without the question's words (case-insensitive) and without CJK characters of bigrams the question holds; empty -> similarity 0",
+    "residual": "answer without the question's words and numbers (case-insensitive) and without CJK characters of bigrams the question holds; empty -> similarity 0",
 }
 
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import re
 
-#: words of scripts written with spaces (letters that are not CJK)
-_WORD = re.compile(r"[^\W\d_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff]+", re.UNICODE)
+#: words of scripts written with spaces (runs of letters and digits that are not CJK): a number
+#: the question holds ("life plus 25 years") is part of what an echo repeats
+_WORD = re.compile(r"[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff]+", re.UNICODE)
 #: stop words left out of content words (English function words and question words)
 STOP_WORDS = frozenset(
     "the a an of to in on for and or is are was were be been by with what how why when where which who whom whose does do did "
@@ -50,7 +51,8 @@ def _words(text: str) -> list[str]:
 
 
 def content_words(text: str) -> list[str]:
-    """Lower-cased words of more than 2 letters that are not :data:`STOP_WORDS` (non-CJK text)."""
+    """Lower-cased words (letters and digits) of more than 2 characters that are not
+    :data:`STOP_WORDS` (non-CJK text)."""
     return [w for w in _words(text) if w not in STOP_WORDS and len(w) > 2]
 
 
