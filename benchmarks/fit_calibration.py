@@ -55,6 +55,13 @@ from relevancy_tracer.scoring.engine import Engine  # noqa: E402
 from relevancy_tracer.scoring.evaluator import DEFAULT_THRESHOLDS, PROBABILITY_THRESHOLDS, evaluator_version  # noqa: E402
 
 SHIPPED = HERE.parent / "relevancy_tracer" / "calibrations"
+#: the declared fit subsets: the first N rows of each set in the benchmark's fixed hash order
+FIT_ROWS = "human=100,pairs_en=30,pairs_zh=20,wikieval=10"
+
+
+def parse_rows(text: str) -> dict[str, int]:
+    """``"human=100,pairs_en=30"`` -> ``{"human": 100, "pairs_en": 30}``."""
+    return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(",") if part.strip())}
 
 
 def load(records_path: Path, config: str) -> list[dict]:
@@ -116,16 +123,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--recompute-raw", action="store_true", help="raw recomputed from the records' components by the current ragas_judge combination (the records' own evaluator version then differs by the combination only)")
     parser.add_argument("--kind", choices=("platt", "isotonic"), default="platt", help="the calibration written (both are cross-validated and reported)")
     parser.add_argument("--evaluate", type=Path, default=None, help="a calibration file to evaluate on held-out rows (fits nothing)")
-    parser.add_argument("--held-out", default="human=100,pairs_en=30,pairs_zh=20,wikieval=10", help="with --evaluate: SET=N, the first N rows of each set were the fit's; the rest are evaluated")
+    parser.add_argument("--held-out", default=FIT_ROWS, help="with --evaluate: SET=N, the first N rows of each set were the fit's; the rest are evaluated")
+    parser.add_argument("--fit-rows", default=FIT_ROWS, help="SET=N: the fit uses the first N rows of each set (the benchmark's hash order) and nothing else, so the rest stays held out ('all': every record)")
     args = parser.parse_args(argv)
 
     records = load(args.records, args.config)
     if args.recompute_raw:
-        from quality import recompute_ragas_judge
+        from quality import SETS, load_items, recompute_ragas_judge
 
-        records = recompute_ragas_judge(records)
+        records = recompute_ragas_judge(records, load_items(SETS))
     if args.evaluate is not None:
-        return evaluate_held_out(records, args.evaluate, dict((k, int(v)) for k, v in (part.split("=") for part in args.held_out.split(","))))
+        return evaluate_held_out(records, args.evaluate, parse_rows(args.held_out))
+    if args.fit_rows != "all":
+        from quality import load_items
+
+        fit = {(it["set"], it["id"]) for name, limit in parse_rows(args.fit_rows).items() for it in load_items([name], limit)}
+        records = [r for r in records if (r["set"], r["id"]) in fit]
+        print(f"fitting on {len(records)} records of the first rows {args.fit_rows}")
     raw = np.asarray([r["raw"] for r in records], dtype=float)
     labels = np.asarray([int(r["label"]) for r in records])
     groups = [f"{r['set']}:{r['id']}" for r in records]
@@ -164,7 +178,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         models=(models.llm.name, models.embedder.name if models.embedder else ""),
         fitted_on={
             "raw_fingerprint": fingerprint,
-            "source": "../shared/data dev sets: " + ", ".join(sources) + " (benchmarks/fit_calibration.py)",
+            "source": "../shared/data dev sets: " + ", ".join(sources) + f" (benchmarks/fit_calibration.py; first rows {args.fit_rows})",
             "rows": int(len(raw)),
             "positives": int(labels.sum()),
         },

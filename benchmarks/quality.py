@@ -50,6 +50,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from relevancy_tracer.config import Settings  # noqa: E402
+from relevancy_tracer.scoring.restatement import STOP_WORDS  # noqa: E402
 from relevancy_tracer.scoring.calibration import (  # noqa: E402
     auroc,
     balanced_accuracy,
@@ -62,7 +63,7 @@ from relevancy_tracer.scoring.calibration import (  # noqa: E402
 
 DATA = Path(os.environ.get("RELEVANCY_TRACER_SHARED", ROOT.parent / "shared")) / "data"
 SETS = ("human", "pairs_en", "pairs_zh", "wikieval")
-PERTURBATIONS = ("incomplete_answer", "evasive_answer", "off_topic_answer", "padded_answer")
+PERTURBATIONS = ("incomplete_answer", "evasive_answer", "off_topic_answer", "padded_answer", "echo_answer", "hedge_answer")
 RESULTS = HERE / "results"
 
 
@@ -109,11 +110,7 @@ def load_items(sets: Iterable[str], limit: Optional[int] = None) -> list[dict]:
 # ---------------------------------------------------------------------------------- baseline
 
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
-_STOP = frozenset(
-    "the a an of to in on for and or is are was were be been by with what how why when where which who whom whose does do did "
-    "can could should would will it its this that these those from as at about into than then there their i you we they he she "
-    "my your our me us them his her not no yes if so such any some all more most other".split()
-)
+_STOP = STOP_WORDS  # the same list as the default's novelty check
 
 
 def _han_bigrams(text: str) -> set[str]:
@@ -220,6 +217,18 @@ def _ci(stat: Callable[[np.ndarray], float], n: int, groups: Optional[list] = No
     return [round(low, 3), round(high, 3)]
 
 
+LOW_LABELS = ("does_not_address", "somewhat_related")
+
+
+def _low_label_share(records: list[Optional[dict]]) -> Optional[float]:
+    """Share of ``records`` labelled ``does_not_address`` or ``somewhat_related`` (a failed
+    evaluation counts as not low); None when none of them carries a label."""
+    labelled = [r for r in records if r is not None and ("label_name" in r and r.get("label_name") is not None or r.get("status") != "scored")]
+    if not labelled:
+        return None
+    return round(sum(1 for r in labelled if r.get("label_name") in LOW_LABELS) / len(labelled), 3)
+
+
 def pair_report(records: list[dict], value: str = "score") -> dict[str, Any]:
     """Pairwise accuracy (ties 0.5), tie rate and mean reference-minus-variant, per language and
     perturbation, with bootstrap intervals over reference rows."""
@@ -269,6 +278,8 @@ def pair_report(records: list[dict], value: str = "score") -> dict[str, Any]:
                 "mean_gap": round(gap(all_idx), 3),
                 "mean_gap_ci": _ci(gap, len(rows)),
                 "by_source": by_source,
+                # share of the variants labelled below partially_addresses (labelled records only)
+                "low_label_share": _low_label_share([by_key.get((lang_set, rid, pert)) for rid in refs]),
             }
         out[lang_set] = lang
     return out
@@ -368,18 +379,54 @@ def derive(records: list[dict], weights: dict[str, float], name: str) -> list[di
     return out
 
 
-def recompute_ragas_judge(records: list[dict]) -> list[dict]:
+def residual_components(records: list[dict], items: list[dict]) -> list[dict]:
+    """Records of ``ragas_judge`` with the components of the residual check computed afresh from
+    their texts: ``residual_similarity`` (the local embedder's cosine of the question and
+    :func:`~relevancy_tracer.scoring.restatement.residual`; the same model the method sends it
+    to) and ``novelty``; records from before the check get ``answer_similarity`` from their old
+    ``topicality``. No chat model call: the judge and RAGAS components are the stored ones, so a
+    change of the residual rule needs no rerun."""
+    from relevancy_tracer.models.local_embed import make_local_embedder
+    from relevancy_tracer.scoring.restatement import novelty, residual
+
+    texts = {(it["set"], it["id"], it["cand"]): (it["question"], it["answer"]) for it in items}
+    todo = [r for r in records if (r.get("components") or {}).get("judge") is not None and (r["set"], r["id"], r["cand"]) in texts]
+    if not todo:
+        return records
+    pairs = [(texts[(r["set"], r["id"], r["cand"])], residual(*texts[(r["set"], r["id"], r["cand"])])) for r in todo]
+    embedder = make_local_embedder("use-multilingual-v3")
+    flat = [t for (question, _), rest in pairs for t in (question, rest or ".")]
+    vectors = np.concatenate([np.asarray(embedder.embed_sync(flat[i : i + 64]), dtype=np.float64) for i in range(0, len(flat), 64)])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    done = {}
+    for k, (r, ((question, answer), rest)) in enumerate(zip(todo, pairs)):
+        c = dict(r["components"])
+        if "answer_similarity" not in c:
+            c["answer_similarity"] = c["topicality"]
+        c["residual_similarity"] = float(vectors[2 * k] @ vectors[2 * k + 1]) if rest else 0.0
+        c["novelty"] = novelty(question, answer)
+        done[id(r)] = dict(r, components=c)
+    return [done.get(id(r), r) for r in records]
+
+
+def recompute_ragas_judge(records: list[dict], items: Optional[list[dict]] = None) -> list[dict]:
     """Records of ``ragas_judge`` with ``raw`` recomputed from their components by the current
     :func:`~relevancy_tracer.scoring.methods.ragas_judge_raw` (a change of the combination needs
-    no new model calls: the components are the same calls' outputs). ``score`` = raw."""
-    from relevancy_tracer.scoring.methods import ragas_judge_raw
+    no new model calls: the components are the same calls' outputs; with ``items``, records from
+    before the residual check are completed by :func:`residual_components`). ``score`` = raw;
+    ``label_name`` is dropped (report labels with ``--calibration-file``)."""
+    from relevancy_tracer.scoring.methods import ragas_judge_raw, ragas_judge_topical
 
+    if items is not None:
+        records = residual_components(records, items)
     out = []
     for r in records:
         c = r.get("components") or {}
-        if r.get("raw") is not None and all(c.get(k) is not None for k in ("judge", "topicality", "ragas")):
-            raw = ragas_judge_raw(c["judge"], c["topicality"], c["ragas"])
-            r = dict(r, raw=raw, score=raw)
+        parts = [c.get(k) for k in ("answer_similarity", "ragas", "residual_similarity", "novelty")]
+        if r.get("raw") is not None and c.get("judge") is not None and all(v is not None for v in parts):
+            raw = ragas_judge_raw(c["judge"], *parts)
+            # the stored label came from the old raw score: labels need the calibration fitted for the new one
+            r = dict(r, raw=raw, score=raw, label_name=None, components=dict(c, topicality=ragas_judge_topical(*parts)))
         out.append(r)
     return out
 
@@ -426,8 +473,9 @@ def markdown(reports: dict[str, dict]) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for lang in ("pairs_en", "pairs_zh"):
         lines += ["", f"#### Pairs ({lang}): pairwise accuracy, ties 0.5 [95% CI]; mean score gap reference - variant", ""]
-        lines.append("| config | incomplete | evasive | off-topic | padded | gap incomplete | gap evasive | gap off-topic | gap padded |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        kinds = [k.replace("_answer", "").replace("_", "-") for k in PERTURBATIONS]
+        lines.append("| config | " + " | ".join(kinds + [f"gap {k}" for k in kinds]) + " |")
+        lines.append("|" + " --- |" * (1 + 2 * len(kinds)))
         for name, rep in reports.items():
             p = rep.get("pairs", {}).get(lang, {})
             if not p:
@@ -435,6 +483,13 @@ def markdown(reports: dict[str, dict]) -> str:
             acc = [_fmt(p.get(k, {}).get("accuracy"), p.get(k, {}).get("accuracy_ci")) for k in PERTURBATIONS]
             gaps = [_fmt(p.get(k, {}).get("mean_gap")) for k in PERTURBATIONS]
             lines.append(f"| {name} | " + " | ".join(acc + gaps) + " |")
+    lines += ["", "#### Degraded answers labelled `does_not_address` or `somewhat_related` (share of rows)", ""]
+    lines.append("| config | " + " | ".join(f"{lang[6:]} {k.replace('_answer', '').replace('_', '-')}" for lang in ("pairs_en", "pairs_zh") for k in PERTURBATIONS) + " |")
+    lines.append("|" + " --- |" * (1 + 2 * len(PERTURBATIONS)))
+    for name, rep in reports.items():
+        cells = [_fmt(rep.get("pairs", {}).get(lang, {}).get(k, {}).get("low_label_share")) for lang in ("pairs_en", "pairs_zh") for k in PERTURBATIONS]
+        if any(c != "-" for c in cells):
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "#### Calibration on the human set (5-fold cross-validated fit): expected calibration error", ""]
     lines.append("| config | Platt ECE | isotonic ECE |")
     lines.append("| --- | --- | --- |")
@@ -525,12 +580,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             by_config[record["config"]].append(record)
     if args.recompute_raw:
         for name in list(by_config):
-            by_config[name] = recompute_ragas_judge(by_config[name])
+            by_config[name] = recompute_ragas_judge(by_config[name], items)
     scored = {(r["set"], r["id"], r["cand"]) for records in by_config.values() for r in records}
     by_config["word_overlap"] = baseline_records([it for it in items if (it["set"], it["id"], it["cand"]) in scored])
     names = [n for n, _ in configs if n in by_config] if not args.report_only else sorted(by_config)
     for name in [n for n in names if n != "word_overlap"]:
         for component in filter(None, args.components.split(",")):
+            if not any(component in (r.get("components") or {}) for r in by_config[name]):
+                continue
             derived = f"{component} (component of {name})"
             by_config[derived] = derive(by_config[name], {component: 1.0}, derived)
             names.append(derived)

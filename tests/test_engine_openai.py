@@ -72,6 +72,34 @@ def test_malformed_reply_is_re_asked_then_used(server, engine):
     assert result.llm_calls == 2 and result.generated_questions[1] == "What is the capital of France?"
 
 
+def cut_reply(text):
+    """A chat completion the token budget cut off (``finish_reason: length``)."""
+    message = {"role": "assistant", "content": text}
+    return Raw({"id": "c", "object": "chat.completion", "created": 0, "model": "fake-chat", "choices": [{"index": 0, "message": message, "finish_reason": "length"}], "usage": {"prompt_tokens": 9, "completion_tokens": 9, "total_tokens": 18}})
+
+
+def test_a_question_cut_by_the_token_budget_is_closed_and_kept(server, engine):
+    server.chat.push(cut_reply('{"questions": ["Where is France?", "What is the capital of France?", "Which country has Paris as its capi'))
+    result = engine.score(Q, GOOD)
+    assert result.status == Status.SCORED, result.error
+    assert result.generated_questions == ["Where is France?", "What is the capital of France?", "Which country has Paris as its capi"]
+    assert result.noncommittal == [False, False, False] and result.llm_calls == 1  # no re-ask
+    assert result.score == pytest.approx(float(np.mean(expected_sims(Q, result.generated_questions))), abs=1e-5)
+
+
+def test_a_cut_reply_keeps_the_flags_it_wrote_and_the_questions_it_finished(server, engine):
+    server.chat.push(cut_reply('{"questions": ["Where is France?", "What is its capital?"], "noncommittal": [1, '))
+    result = engine.score(Q, GOOD)
+    assert result.status == Status.SCORED, result.error
+    assert result.generated_questions == ["Where is France?", "What is its capital?"] and result.noncommittal == [True, False]
+
+
+def test_an_uncut_reply_with_too_few_flags_is_still_re_asked(server, engine):
+    server.chat.push(json.dumps({"questions": ["Where is France?", "What is its capital?", "Where is Paris?"], "noncommittal": [0]}))
+    engine.score(Q, GOOD)
+    assert "not usable" in server.requests_to("chat")[1]["messages"][-1]["content"]
+
+
 def test_reply_that_stays_malformed_is_a_named_failure(server):
     engine = Engine(openai_settings(server, json_retries=2))
     server.chat.push("nope", "still not json", "{not: json}")
@@ -149,6 +177,17 @@ def test_bad_embeddings_are_a_named_failure(server, engine, body, message):
     result = engine.score(Q, GOOD)
     assert result.status == Status.EMBEDDING_ERROR and message in result.error
     assert result.score is None
+
+
+def test_negative_raw_score_is_reported_as_zero(server):
+    # generated questions pointing away from the question: a negative mean cosine, which an
+    # OpenTelemetry histogram would reject ("Record amount must be non-negative")
+    vectors = [[1.0, 0.0]] + [[-1.0, 0.2]] * 3
+    server.embeddings.push(Raw({"data": [{"index": i, "embedding": v} for i, v in enumerate(vectors)], "model": "x"}))
+    result = Engine(openai_settings(server, calibration="none")).score(Q, GOOD)
+    assert result.status == Status.SCORED
+    assert result.raw_score == pytest.approx(-1.0 / math.sqrt(1.04), abs=1e-5)  # the raw score keeps its sign
+    assert result.score == 0.0 and result.label == "does_not_address"
 
 
 @pytest.mark.parametrize(

@@ -314,3 +314,21 @@ def test_close_waits_for_queued_requests_then_frees(model):
         decoder.submit(DecodeRequest(tokens, 1))
     reply = model._chat_sync(messages, prompts.questions_schema(3), 40, 0.0, None, threading.Event())
     assert reply.text.startswith(prefix) and len(reply.text) > len(prefix) + 10
+
+
+@pytest.mark.local_models
+def test_a_reply_cut_by_its_token_budget_is_closed_and_kept(model):
+    """The local decoder stops at max_tokens with finish_reason "length"; the parse path closes
+    the question string it was writing and keeps it, with no re-ask."""
+    import asyncio
+
+    from relevancy_tracer.result import Usage
+    from relevancy_tracer.scoring.methods import _questions_validator
+    from relevancy_tracer.scoring.parsing import ask_json
+
+    usage = Usage()
+    messages = prompts.joint_questions("France is in western Europe and Paris is its capital.", 3)
+    (questions, flags), reply = asyncio.run(ask_json(model, messages, prompts.questions_schema(3), _questions_validator(3), usage=usage, retries=1, max_tokens=12))
+    assert reply.finish_reason == "length" and reply.output_tokens == 12
+    assert usage.llm_calls == 1 and 1 <= len(questions) <= 3 and all(q.strip() for q in questions)
+    assert reply.text.startswith('{"questions": ["' + questions[0][:5]) and flags == [False] * len(questions)

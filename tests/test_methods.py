@@ -9,9 +9,11 @@ import pytest
 from relevancy_tracer.result import Status
 from relevancy_tracer.scoring import prompts
 from relevancy_tracer.scoring.engine import Engine
-from relevancy_tracer.testing import Status as HTTPStatus
+from relevancy_tracer.scoring.restatement import novelty, residual
+from relevancy_tracer.testing import FakeOpenAIServer, Status as HTTPStatus
 
 from .conftest import openai_settings
+from .test_engine_openai import expected_sims
 
 Q = "Where is France and what is its capital?"
 A = "France is in western Europe and Paris is its capital."
@@ -150,12 +152,15 @@ def test_default_method_is_ragas_questions_plus_the_intent_judge(server):
     assert engine.score(Q, "France is in western Europe.").llm_calls == 2  # the intent statement is cached per question
 
 
+RAGAS_JUDGE_COMPONENTS = {"judge", "topicality", "ragas", "answer_similarity", "residual_similarity", "novelty"}
+
+
 def test_default_settings_pick_the_default_method(server):
     from relevancy_tracer.config import Settings
 
     settings = Settings.resolve(environ={}, llm="openai", embeddings="openai", llm_base_url=server.base_url, llm_model="m", embedding_model="e")
     assert settings.method == "ragas_judge" and settings.noncommittal == "per_question" and settings.generation == "joint"
-    assert Engine(settings).score(Q, A).components.keys() == {"judge", "topicality", "ragas"}
+    assert Engine(settings).score(Q, A).components.keys() == RAGAS_JUDGE_COMPONENTS
 
 
 def test_ragas_judge_continues_the_question_conversation_and_combines_its_components(server):
@@ -165,7 +170,7 @@ def test_ragas_judge_continues_the_question_conversation_and_combines_its_compon
     server.chat.push(first)
     result = engine_for(server, method="ragas_judge").score(Q, A)
     assert result.status == Status.SCORED and result.llm_calls == 2
-    assert set(result.components) == {"judge", "topicality", "ragas"}
+    assert set(result.components) == RAGAS_JUDGE_COMPONENTS
     assert result.generated_questions == ["Where is France?", "What is the capital of France?", "Is Paris in France?"]
     judge_request = server.requests_to("chat")[1]["messages"]
     # the judgement is the second turn of the question-generation conversation
@@ -173,11 +178,18 @@ def test_ragas_judge_continues_the_question_conversation_and_combines_its_compon
     assert judge_request[2] == {"role": "assistant", "content": first}
     assert "The user's actual question was" in judge_request[3]["content"] and Q in judge_request[3]["content"]
     embed_inputs = server.requests_to("embeddings")[0]["input"]
-    assert embed_inputs == [Q, "Where is France?", "What is the capital of France?", "Is Paris in France?", A]  # one request
-    judge, topicality, ragas = result.components["judge"], result.components["topicality"], result.components["ragas"]
-    assert judge == pytest.approx(0.8)  # the fake server's digit distribution, as for `direct`
-    topical = min(max(topicality, ragas), RAGAS_JUDGE["cap"])  # the larger of the two topical views
-    expected = (RAGAS_JUDGE["judge_weight"] * judge + RAGAS_JUDGE["topicality_weight"] * topical) / (
+    rest = residual(Q, A)
+    assert rest and embed_inputs == [Q, "Where is France?", "What is the capital of France?", "Is Paris in France?", A, rest]  # one request
+    c = result.components
+    assert c["judge"] == pytest.approx(0.8)  # the fake server's digit distribution, as for `direct`
+    assert c["answer_similarity"] == pytest.approx(float(expected_sims(Q, [A])[0]), abs=1e-5)
+    assert c["residual_similarity"] == pytest.approx(float(expected_sims(Q, [rest])[0]), abs=1e-5)
+    assert c["novelty"] == pytest.approx(novelty(Q, A))
+    low, high = RAGAS_JUDGE["novelty_ramp"]
+    ceiling = max(RAGAS_JUDGE["residual_scale"] * c["residual_similarity"], RAGAS_JUDGE["cap"] * min(1.0, max(0.0, (c["novelty"] - low) / (high - low))))
+    topical = min(max(c["answer_similarity"], c["ragas"]), ceiling)
+    assert c["topicality"] == pytest.approx(topical)
+    expected = (RAGAS_JUDGE["judge_weight"] * c["judge"] + RAGAS_JUDGE["topicality_weight"] * min(topical, RAGAS_JUDGE["cap"])) / (
         RAGAS_JUDGE["judge_weight"] + RAGAS_JUDGE["topicality_weight"] * RAGAS_JUDGE["cap"]
     )
     assert result.raw_score == pytest.approx(expected)
@@ -191,13 +203,55 @@ def test_ragas_judge_topical_signal_is_the_larger_embedding_view():
 
     w_judge, w_topical, cap = RAGAS_JUDGE["judge_weight"], RAGAS_JUDGE["topicality_weight"], RAGAS_JUDGE["cap"]
     assert 0.09 < cap < 0.52  # the case below: one view under the cap, the other above it
-    assert ragas_judge_raw(0.84, 0.09, 0.52) == pytest.approx(ragas_judge_raw(0.84, 0.52, 0.09)) == pytest.approx((w_judge * 0.84 + w_topical * cap) / (w_judge + w_topical * cap))
-    assert ragas_judge_raw(0.84, 0.05, 0.1) < ragas_judge_raw(0.84, 0.09, 0.52) - 0.3
-    assert ragas_judge_raw(1.0, 0.9, 0.9) == pytest.approx(1.0) and ragas_judge_raw(0.0, 0.0, 0.0) == 0.0
+    full = (w_judge * 0.84 + w_topical * cap) / (w_judge + w_topical * cap)
+    assert ragas_judge_raw(0.84, 0.09, 0.52, 0.5, 0.9) == pytest.approx(ragas_judge_raw(0.84, 0.52, 0.09, 0.5, 0.9)) == pytest.approx(full)
+    assert ragas_judge_raw(0.84, 0.05, 0.1, 0.5, 0.9) < ragas_judge_raw(0.84, 0.09, 0.52, 0.5, 0.9) - 0.3
+    assert ragas_judge_raw(1.0, 0.9, 0.9, 0.9, 1.0) == pytest.approx(1.0) and ragas_judge_raw(0.0, 0.0, 0.0, 0.0, 0.0) == 0.0
 
 
-def test_ragas_judge_ranks_an_off_topic_answer_below_an_answer(server):
+def test_ragas_judge_leaves_an_answer_of_mostly_new_content_alone():
+    """An answer whose residual the embedder places far from the question (its content words
+    are not the question's) keeps full topical credit when most of it is new content."""
+    from relevancy_tracer.scoring.methods import RAGAS_JUDGE, ragas_judge_raw
+
+    high = RAGAS_JUDGE["novelty_ramp"][1]
+    assert ragas_judge_raw(0.7, 0.5, 0.6, 0.05, high) == pytest.approx(ragas_judge_raw(0.7, 0.5, 0.6, 0.5, high))
+    # below the ramp the residual decides
+    assert ragas_judge_raw(0.7, 0.5, 0.6, 0.05, 0.3) < ragas_judge_raw(0.7, 0.5, 0.6, 0.5, 0.3) - 0.3
+
+
+def test_ragas_judge_gives_an_answer_that_restates_the_question_no_topical_credit():
+    """An echo of the question has answer similarity 1 and a high RAGAS score (its generated
+    questions are the question), but nothing is left once the question's words are removed: its
+    score is the judge's share alone, however confident the judge."""
+    from relevancy_tracer.scoring.methods import RAGAS_JUDGE, ragas_judge_raw
+
+    w_judge, w_topical, cap = RAGAS_JUDGE["judge_weight"], RAGAS_JUDGE["topicality_weight"], RAGAS_JUDGE["cap"]
+    echo = ragas_judge_raw(1.0, 1.0, 0.9, 0.0, 0.0)
+    assert echo == pytest.approx(w_judge / (w_judge + w_topical * cap)) and echo < 0.4
+    # a hedge: a template around the question (novelty 0.4), its residual far from the question
+    assert ragas_judge_raw(0.8, 0.9, 0.8, 0.08, 0.4) < ragas_judge_raw(0.7, 0.5, 0.6, 0.35, 0.85) - 0.3
+
+
+def test_ragas_judge_scores_an_echo_of_the_question_below_its_judge_share(server):
     engine = engine_for(server, method="ragas_judge", calibration="none")
-    good = engine.score(Q, A)
-    off = engine.score(Q, "Bananas are rich in potassium and grow in tropical climates.")
-    assert good.ok and off.ok and good.score > off.score
+    echo = engine.score(Q, Q)
+    assert echo.ok and echo.components["residual_similarity"] == 0.0 and echo.components["novelty"] == 0.0
+    assert echo.components["answer_similarity"] == pytest.approx(1.0, abs=1e-5)
+    assert server.requests_to("embeddings")[-1]["input"][-1] == Q  # nothing left to embed: no residual sent
+    assert echo.raw_score < 0.5 * echo.components["judge"] + 1e-9
+
+
+def topic_embedding(text):
+    """A two-topic embedder (geography, fruit): what the answer adds to the question is on or
+    off its topic, which the fake server's word-hash embedding cannot tell."""
+    words = text.lower().replace("?", " ").replace(".", " ").split()
+    return [sum(w in ("france", "paris", "europe", "capital", "western") for w in words), sum(w in ("bananas", "potassium", "tropical") for w in words), 0.1]
+
+
+def test_ragas_judge_ranks_an_off_topic_answer_below_an_answer():
+    with FakeOpenAIServer(embedder=topic_embedding) as server:
+        engine = engine_for(server, method="ragas_judge", calibration="none")
+        good = engine.score(Q, A)
+        off = engine.score(Q, "Bananas are rich in potassium and grow in tropical climates.")
+    assert good.ok and off.ok and good.score > off.score + 0.3

@@ -6,7 +6,7 @@ import pytest
 
 from relevancy_tracer.result import Status
 from relevancy_tracer.scoring.language import script_language
-from relevancy_tracer.scoring.parsing import ReplyError, extract_json, read_flag, read_number
+from relevancy_tracer.scoring.parsing import CutJSON, ReplyError, close_cut_json, extract_json, read_flag, read_number
 
 
 @pytest.mark.parametrize(
@@ -22,6 +22,32 @@ from relevancy_tracer.scoring.parsing import ReplyError, extract_json, read_flag
 )
 def test_extract_json(text, expected):
     assert extract_json(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        # a question string that ran out of tokens is closed and kept
+        ('{"questions": ["Where is France?", "What is the capital of Fra', {"questions": ["Where is France?", "What is the capital of Fra"]}),
+        ('{"questions": ["A?", "B?"], "noncommittal": [0, ', {"questions": ["A?", "B?"], "noncommittal": [0]}),
+        ('{"questions": ["A?", "B?"], "noncom', {"questions": ["A?", "B?"]}),
+        ('{"questions": ["A?", "B?"], "noncommittal": ', {"questions": ["A?", "B?"]}),
+        ('{"questions": ["A \\"quoted\\" wor', {"questions": ['A "quoted" wor']}),
+        ('{"questions": ["A?\\', {"questions": ["A?"]}),  # cut inside an escape
+        ('```json\n{"intent": "the user wants', {"intent": "the user wants"}),
+        ('{"a": 1} trailing', {"a": 1}),
+    ],
+)
+def test_a_cut_reply_is_closed_where_it_stopped(text, expected):
+    value = close_cut_json(text)
+    assert value == expected and isinstance(value, CutJSON)
+
+
+@pytest.mark.parametrize("text", ["", "no json at all", "]"])
+def test_a_cut_reply_without_json_is_a_named_failure(text):
+    with pytest.raises(ReplyError) as info:
+        close_cut_json(text)
+    assert info.value.status == Status.INVALID_JSON
 
 
 @pytest.mark.parametrize("text", ["", "   ", "no json here", "{not: json}"])

@@ -221,7 +221,9 @@ class Engine:
                 output = await method(context)
             raw = float(output.score)
             calibration, thresholds, version = self.identity(settings, models)
-            reported = float(calibration(raw)) if calibration is not None else raw
+            # the reported score is always in [0, 1] (an uncalibrated cosine mean can be
+            # negative, and OpenTelemetry histograms reject negative amounts); raw keeps its sign
+            reported = min(1.0, max(0.0, float(calibration(raw)) if calibration is not None else raw))
             label, explanation = label_for(reported, thresholds)
             result = RelevancyResult(
                 score=reported,

@@ -23,7 +23,8 @@ method             score                                                   LLM c
                    ``RAGAS_INTENT_WEIGHTS``)                               question, cached)
 ``ragas_judge``    the default: a 1-5 judgement asked as the second turn   2 (one KV-shared
                    of the RAGAS question conversation, plus the answer's   conversation)
-                   capped topicality; the RAGAS score kept as a component  + 1 embeddings
+                   capped topicality, up to what the answer adds beyond    + 1 embeddings
+                   the question (no credit for restating it)
 =================  ======================================================  ================
 
 Question-only steps (decomposition into sub-questions, the intent statement) depend on the
@@ -44,8 +45,8 @@ from .. import _fork
 from ..config import Settings
 from ..models.base import ModelError, Models
 from ..result import EvaluationError, Status, Usage
-from . import prompts
-from .parsing import ReplyError, ask_json, judged_score, read_flag, read_number
+from . import prompts, restatement
+from .parsing import CutJSON, ReplyError, ask_json, judged_score, read_flag, read_number
 
 QUESTION_TOKENS = 48  # max output tokens budgeted per generated question (plus JSON overhead)
 
@@ -177,9 +178,19 @@ def _question_item(item: Any) -> tuple[str, bool]:
 
 def _questions_validator(n: int) -> Callable[[Any], tuple[list[str], list[bool]]]:
     """Validates ``{"questions": [...], "noncommittal": [...]}`` (also a list of
-    ``{"question", "noncommittal"}`` objects, the RAGAS shape some models prefer)."""
+    ``{"question", "noncommittal"}`` objects, the RAGAS shape some models prefer). A reply cut
+    off by its token budget (:class:`~.parsing.CutJSON`) needs only one question: the ones it
+    wrote are kept."""
 
     def validate(data: Any) -> tuple[list[str], list[bool]]:
+        if isinstance(data, CutJSON) and isinstance(data.get("questions"), list):
+            # a reply cut off by its token budget: the questions written so far are kept (the
+            # last one closed where it stopped); flags it did not reach count as committal
+            texts = [t.strip() for t in data["questions"] if isinstance(t, str) and t.strip()][:n]
+            flags = data.get("noncommittal") if isinstance(data.get("noncommittal"), list) else []
+            if not texts:
+                raise ReplyError("the cut reply holds no question", Status.TOO_FEW_QUESTIONS)
+            return texts, [read_flag(flags[i]) if i < len(flags) else False for i in range(len(texts))]
         if isinstance(data, dict) and isinstance(data.get("questions"), list) and isinstance(data.get("noncommittal"), list):
             texts, flags = data["questions"], data["noncommittal"]
             if len(flags) < min(len(texts), n):
@@ -384,29 +395,56 @@ async def ragas_intent(ctx: EvalContext) -> MethodOutput:
     return await weighted(ctx, RAGAS_INTENT_WEIGHTS)
 
 
-#: ragas_judge's combination (part of the evaluator fingerprint), chosen on the development sets
-#: (README, "Methods" and "Quality"): ``raw = (judge_weight * judge + topicality_weight *
-#: min(topical, cap)) / (judge_weight + topicality_weight * cap)``, where ``topical`` is the
-#: larger of the answer's similarity to the question and the RAGAS score; raw lies in [0, 1] for
-#: non-negative similarities. The cap makes topicality a floor check: above it similarity says
-#: nothing more (on-topic answers vary in depth, which the judge rates), below it marks evasive,
-#: off-topic and padded answers. Cap 0.45 (0.4 before): chosen on the calibration's fit subsets
-#: and confirmed on the held-out rest; 0.44-0.48 is a plateau, 0.5 starts to lose incomplete pairs.
-RAGAS_JUDGE = {"judge_weight": 0.5, "topicality_weight": 2.0, "cap": 0.45, "topical": "max(answer_similarity, ragas)"}
+#: ragas_judge's combination (part of the evaluator fingerprint), chosen on the development
+#: sets' fit subsets and checked on the held-out rest (README, "Methods" and "Quality"):
+#: ``raw = (judge_weight * judge + topicality_weight * min(topical, cap)) / (judge_weight +
+#: topicality_weight * cap)`` with ``topical = min(max(answer_similarity, ragas), ceiling)``:
+#: the answer is about the question (the larger of its own embedding similarity to the question
+#: and the RAGAS score), up to a ceiling set by what it says beyond the question. The ceiling is
+#: the larger of ``residual_scale * residual_similarity`` (the embedding similarity of
+#: :func:`~.restatement.residual`, the answer without the question's words) and ``cap *
+#: ramp(novelty)`` (:func:`~.restatement.novelty`, 0 at ``novelty_ramp[0]`` and below, 1 at
+#: ``novelty_ramp[1]`` and above). An answer that restates the question (novelty about 0,
+#: nothing left to embed), or names it to say the documents do not answer it (novelty mostly
+#: 0.2-0.7, a residual like "Based on the context provided, there is no direct answer to the"
+#: far from the question), has a high answer similarity and RAGAS score but a low ceiling; an
+#: answer that is mostly new content (novelty >= 0.8: 69% of the pair sets' reference answers) is not
+#: touched. raw lies in [0, 1] for non-negative similarities. The cap makes topicality a floor
+#: check: above it the judge decides (on-topic answers vary in depth), below it marks evasive,
+#: off-topic, padded, echoed and hedging answers.
+RAGAS_JUDGE = {
+    "judge_weight": 0.5,
+    "topicality_weight": 2.0,
+    "cap": 0.45,
+    "residual_scale": 1.5,
+    "novelty_ramp": (0.5, 0.8),
+    "topical": "min(max(answer_similarity, ragas), max(residual_scale * residual_similarity, cap * ramp(novelty)))",
+    "residual": "answer without the question's words and numbers (case-insensitive) and without CJK characters of bigrams the question holds; empty -> similarity 0",
+}
 
 
-def ragas_judge_raw(judge: float, answer_similarity: float, ragas: float) -> float:
-    """ragas_judge's raw score in [0, 1] from its components (see :data:`RAGAS_JUDGE`).
+def ragas_judge_topical(answer_similarity: float, ragas: float, residual_similarity: float, novelty: float) -> float:
+    """ragas_judge's topical signal before the cap (see :data:`RAGAS_JUDGE`), roughly in [0, 1].
 
-    The topical signal is the larger of two embedding views of "is this answer about the
-    question": the answer's own similarity to it, and the RAGAS score (the questions the answer
-    answers, against the question asked). Either alone has blind spots (the multilingual USE
+    The larger of two embedding views of "is this answer about the question": the answer's own
+    similarity to it and the RAGAS score; either alone has blind spots (the multilingual USE
     embeds "What does the with statement do?" far from a correct answer about context managers,
-    0.09, while the generated questions restate the topic, 0.52); an evasive or off-topic answer
-    scores low on both. Capped, so above the cap the judge decides. Chosen on the development
-    sets (README, "Methods"); the components are kept on every result.
+    0.09, while the generated questions restate the topic, 0.52). Both reward an answer that
+    repeats the question (the question regenerated from the question is the question), so they
+    count only up to the ceiling of what the answer adds: the residual's similarity (scaled),
+    or the novelty ramp.
     """
-    topical = min(max(answer_similarity, ragas), RAGAS_JUDGE["cap"])
+    low, high = RAGAS_JUDGE["novelty_ramp"]
+    ramp = min(1.0, max(0.0, (novelty - low) / (high - low)))
+    ceiling = max(RAGAS_JUDGE["residual_scale"] * residual_similarity, RAGAS_JUDGE["cap"] * ramp)
+    return min(max(answer_similarity, ragas), ceiling)
+
+
+def ragas_judge_raw(judge: float, answer_similarity: float, ragas: float, residual_similarity: float, novelty: float) -> float:
+    """ragas_judge's raw score in [0, 1] from its components: the judge and the capped topical
+    signal (:func:`ragas_judge_topical`), weighted (see :data:`RAGAS_JUDGE`). Above the cap the
+    judge decides. The components are kept on every result."""
+    topical = min(ragas_judge_topical(answer_similarity, ragas, residual_similarity, novelty), RAGAS_JUDGE["cap"])
     numerator = RAGAS_JUDGE["judge_weight"] * judge + RAGAS_JUDGE["topicality_weight"] * topical
     return numerator / (RAGAS_JUDGE["judge_weight"] + RAGAS_JUDGE["topicality_weight"] * RAGAS_JUDGE["cap"])
 
@@ -425,20 +463,36 @@ async def judge_after_questions(ctx: EvalContext) -> float:
 async def ragas_judge(ctx: EvalContext) -> MethodOutput:
     """The default: RAGAS reverse-generated questions (evidence, and context for the judge), a
     1-5 judgement of how well the answer addresses the question asked after them, and the
-    answer's topicality (the larger of its embedding similarity to the question and the RAGAS
-    score, capped), combined by :func:`ragas_judge_raw`. Two chat requests and one embeddings request per evaluation."""
+    answer's topicality (see :func:`ragas_judge_raw`), combined by :func:`ragas_judge_raw`. Two
+    chat requests and one embeddings request per evaluation (the residual rides in it).
+
+    Components: ``judge``, ``ragas``, ``answer_similarity`` (the answer's embedding similarity
+    to the question), ``residual_similarity`` (the same for :func:`~.restatement.residual`, 0
+    when nothing is left), ``novelty`` (:func:`~.restatement.novelty`) and ``topicality``
+    (:func:`ragas_judge_topical`, before the cap)."""
     questions, flags = await _questions(ctx)
     judged = await judge_after_questions(ctx)
-    sims = await embedding_similarities(ctx, list(questions) + [ctx.answer])
-    question_sims, answer_sim = sims[:-1], float(sims[-1])
+    rest = restatement.residual(ctx.question, ctx.answer)
+    sims = await embedding_similarities(ctx, list(questions) + [ctx.answer] + ([rest] if rest else []))
+    k = len(questions)
+    question_sims, answer_sim = sims[:k], float(sims[k])
+    residual_sim = float(sims[k + 1]) if rest else 0.0
     ragas_score = apply_noncommittal(question_sims, flags, ctx.settings.noncommittal)
-    raw = ragas_judge_raw(judged, answer_sim, ragas_score)
+    new = restatement.novelty(ctx.question, ctx.answer)
+    raw = ragas_judge_raw(judged, answer_sim, ragas_score, residual_sim, new)
     return MethodOutput(
         score=raw,
         generated_questions=questions,
         similarities=[float(x) for x in question_sims],
         noncommittal=flags,
-        components={"judge": judged, "topicality": answer_sim, "ragas": ragas_score},
+        components={
+            "judge": judged,
+            "topicality": ragas_judge_topical(answer_sim, ragas_score, residual_sim, new),
+            "ragas": ragas_score,
+            "answer_similarity": answer_sim,
+            "residual_similarity": residual_sim,
+            "novelty": new,
+        },
     )
 
 

@@ -52,6 +52,64 @@ def extract_json(text: str) -> Any:
     raise ReplyError(f"no JSON object in the reply: {text[:200]!r}")
 
 
+class CutJSON(dict):
+    """A JSON object recovered from a reply the token budget cut off (:func:`close_cut_json`):
+    validators may accept it with fewer items than a complete reply must hold."""
+
+
+def close_cut_json(text: str) -> Any:
+    """The JSON value a reply cut off by its token budget was writing, closed where it stopped.
+
+    The first ``{`` or ``[`` opens the value; an open string is closed and kept (a question
+    string that ran out of tokens is still a question), a dangling ``,``/``:`` or a key without
+    its value is dropped, and the open arrays and objects are closed. Objects come back as
+    :class:`CutJSON`. Raises :class:`ReplyError` (``invalid_json``) when nothing can be recovered.
+    """
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
+    if start < 0:
+        raise ReplyError(f"no JSON value in the cut reply: {text[:200]!r}")
+    body = text[start:]
+    stack: list[str] = []
+    in_string = escape = False
+    cuts: list[tuple[int, str]] = []  # (end of a prefix that may end the value, closers it needs)
+    for i, ch in enumerate(body):
+        if in_string:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            if not stack:
+                break
+            stack.pop()
+            if not stack:
+                return _as_cut(json.loads(body[: i + 1]))
+        elif ch == ",":
+            cuts.append((i, "".join(reversed(stack))))
+    closers = "".join(reversed(stack))
+    tail = body.rstrip()
+    if in_string:
+        tail = (tail[:-1] if escape else tail) + '"'
+    candidates = [tail.rstrip(",: \n\t") + closers, tail + closers] + [body[:i] + c for i, c in reversed(cuts)]
+    for candidate in candidates:
+        try:
+            return _as_cut(json.loads(candidate))
+        except ValueError:
+            continue
+    raise ReplyError(f"the cut reply cannot be closed: {text[:200]!r}")
+
+
+def _as_cut(value: Any) -> Any:
+    return CutJSON(value) if isinstance(value, dict) else value
+
+
 def read_flag(value: Any) -> bool:
     """A 0/1 flag as models write it: 0/1, true/false, "0"/"1", "yes"/"no". Raises ReplyError."""
     if isinstance(value, bool):
@@ -123,7 +181,9 @@ async def ask_json(
 
     ``validate(parsed)`` returns the value to use or raises :class:`ReplyError` (any
     ``ValueError``/``TypeError``/``KeyError`` counts as a malformed reply too). Every request's
-    tokens are added to ``usage``. After the last attempt raises :class:`EvaluationError` with the
+    tokens are added to ``usage``. A reply cut off by ``max_tokens`` (``finish_reason ==
+    "length"``) that does not validate as is is closed where it stopped (:func:`close_cut_json`)
+    and validated again before any re-ask. After the last attempt raises :class:`EvaluationError` with the
     last error's status (``invalid_json`` or ``unreadable_score``). Model failures propagate as
     :class:`~relevancy_tracer.models.base.ModelError`.
     """
@@ -136,14 +196,20 @@ async def ask_json(
             return validate(extract_json(reply.text)), reply
         except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
             last_error = exc
-            hint = " (it was cut off: be shorter)" if reply.finish_reason == "length" else ""
-            conversation = list(messages) + [
-                {"role": "assistant", "content": reply.text[:2000]},
-                {
-                    "role": "user",
-                    "content": f"That reply is not usable: {exc}{hint}. Reply again with only a JSON object "
-                    f"matching this JSON schema: {json.dumps(schema, separators=(',', ':'))}",
-                },
-            ]
+        if reply.finish_reason == "length":
+            # cut off by the token budget: what was written is closed and kept, not re-asked
+            try:
+                return validate(close_cut_json(reply.text)), reply
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+                pass
+        hint = " (it was cut off: be shorter)" if reply.finish_reason == "length" else ""
+        conversation = list(messages) + [
+            {"role": "assistant", "content": reply.text[:2000]},
+            {
+                "role": "user",
+                "content": f"That reply is not usable: {last_error}{hint}. Reply again with only a JSON object "
+                f"matching this JSON schema: {json.dumps(schema, separators=(',', ':'))}",
+            },
+        ]
     status = getattr(last_error, "status", Status.INVALID_JSON)
     raise EvaluationError(status, f"no usable reply after {retries + 1} attempt(s): {last_error}")
