@@ -116,13 +116,15 @@ def scaling_run(n: int, jobs: int, redis_url: str, model: FakeOpenAIServer, back
     for i in range(jobs):
         trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
         requests.append(ScoreRequest(evaluation_id(trace_id, span_id, "ragas"), trace_id, span_id, span_name, "fleet-bench", f"Where is city number {i}?", f"City number {i} is in France.", "ragas"))
-    t0 = time.perf_counter()
-    for start in range(0, jobs, 500):
-        assert queue.offer(requests[start : start + 500])
-    while done_count(client) < jobs:
-        time.sleep(0.05)
-    elapsed = time.perf_counter() - t0
-    stop_fleet(procs)
+    try:
+        t0 = time.perf_counter()
+        for start in range(0, jobs, 500):
+            assert queue.offer(requests[start : start + 500])
+        while done_count(client) < jobs:
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - t0
+    finally:  # a failed run must not leave workers behind
+        stop_fleet(procs)
     spans = backend.wait_for_spans(lambda s: sum(1 for x in s if _run_of(x) == span_name) >= jobs, timeout=30)
     waits = np.asarray([s["attributes"][QUEUE_WAIT_MS] for s in spans if _run_of(s) == span_name], dtype=float)
     queue.close()
@@ -172,60 +174,62 @@ def overload_run(n: int, rate: float, seconds: float, redis_url: str, model: Fak
     os.environ.update({k: v for k, v in env.items() if k.startswith("OTEL_")})
     service = ScoringService(Settings.resolve(environ={}, method="ragas", queue_size=queue_bound), queue_url=redis_url, http_port=0, grpc_port=None).start()
     procs = start_fleet(n, redis_url, env, logs)
-    url = f"http://127.0.0.1:{service.server.http_port}/v1/traces"
-    offered: list[str] = []
-    pending: list[tuple[float, bytes, int]] = []  # (not before, body, spans) of refused requests
-    refusals = 0
-    batch = 10
-    t0 = time.perf_counter()
-    sent_spans = 0
-    counter = 0
+    try:
+        url = f"http://127.0.0.1:{service.server.http_port}/v1/traces"
+        offered: list[str] = []
+        pending: list[tuple[float, bytes, int]] = []  # (not before, body, spans) of refused requests
+        refusals = 0
+        batch = 10
+        t0 = time.perf_counter()
+        sent_spans = 0
+        counter = 0
 
-    def post(body: bytes) -> tuple[bool, float]:
-        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/x-protobuf"})
-        try:
-            with urllib.request.urlopen(req, timeout=30):
-                return True, 0.0
-        except urllib.error.HTTPError as exc:
-            if exc.code in (429, 503):
-                return False, float(exc.headers.get("Retry-After") or 1)
-            raise
+        def post(body: bytes) -> tuple[bool, float]:
+            req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/x-protobuf"})
+            try:
+                with urllib.request.urlopen(req, timeout=30):
+                    return True, 0.0
+            except urllib.error.HTTPError as exc:
+                if exc.code in (429, 503):
+                    return False, float(exc.headers.get("Retry-After") or 1)
+                raise
 
-    while True:
-        now = time.perf_counter() - t0
-        if now < seconds:  # new spans due by now, in batches of 10
-            while sent_spans < rate * now:
-                spans = []
-                for _ in range(batch):
-                    trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
-                    spans.append((trace_id, span_id, counter))
-                    offered.append(evaluation_id(trace_id, span_id, "ragas"))
-                    counter += 1
-                pending.append((0.0, export_request(spans), batch))
-                sent_spans += batch
-        elif not pending:
-            break
-        due = [p for p in pending if p[0] <= now]
-        pending = [p for p in pending if p[0] > now]
-        for _, body, size in due:
-            ok, retry_after = post(body)
-            if not ok:
-                refusals += 1
-                pending.append((time.perf_counter() - t0 + retry_after, body, size))
-        time.sleep(0.01)
-    accepted_at = time.perf_counter() - t0
-    while done_count(client) < len(offered) and time.perf_counter() - t0 < accepted_at + 3600:
-        time.sleep(0.2)
-    drained_at = time.perf_counter() - t0
-    done = {key.decode()[len(DONE_PREFIX):] for key in client.scan_iter(DONE_PREFIX + "*", count=1000)}
-    stop_fleet(procs)
-    service.stop(10)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    client.close()
+        while True:
+            now = time.perf_counter() - t0
+            if now < seconds:  # new spans due by now, in batches of 10
+                while sent_spans < rate * now:
+                    spans = []
+                    for _ in range(batch):
+                        trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
+                        spans.append((trace_id, span_id, counter))
+                        offered.append(evaluation_id(trace_id, span_id, "ragas"))
+                        counter += 1
+                    pending.append((0.0, export_request(spans), batch))
+                    sent_spans += batch
+            elif not pending:
+                break
+            due = [p for p in pending if p[0] <= now]
+            pending = [p for p in pending if p[0] > now]
+            for _, body, size in due:
+                ok, retry_after = post(body)
+                if not ok:
+                    refusals += 1
+                    pending.append((time.perf_counter() - t0 + retry_after, body, size))
+            time.sleep(0.01)
+        accepted_at = time.perf_counter() - t0
+        while done_count(client) < len(offered) and time.perf_counter() - t0 < accepted_at + 3600:
+            time.sleep(0.2)
+        drained_at = time.perf_counter() - t0
+        done = {key.decode()[len(DONE_PREFIX):] for key in client.scan_iter(DONE_PREFIX + "*", count=1000)}
+    finally:  # a failed run must not leave workers or serve behind
+        stop_fleet(procs)
+        service.stop(10)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        client.close()
     lost = len(set(offered) - done)
     return {
         "workers": n,
