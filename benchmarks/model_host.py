@@ -21,8 +21,8 @@ of their threads.
     python benchmarks/model_host.py latency --seconds 40 --out benchmarks/results/model_host_latency.json
     python benchmarks/model_host.py forked --workers 4 --answers 2 --out benchmarks/results/model_host_forked.json
 
-Run under ``flock /work/notes/model.lock`` on a shared machine (one model-heavy job at a time)
-with ``OMP_WAIT_POLICY=PASSIVE``.
+Run one model-heavy job at a time on the machine (llama.cpp slows about tenfold when another
+busy process shares the cores), with ``OMP_WAIT_POLICY=PASSIVE``.
 """
 
 from __future__ import annotations
