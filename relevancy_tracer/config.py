@@ -71,15 +71,14 @@ def _extra_installed(extra: str, distribution: str = "relevancy-tracer") -> bool
         requirements = importlib.metadata.requires(distribution) or []
     except importlib.metadata.PackageNotFoundError:
         return False
-    names = [re.match(r"[A-Za-z0-9._-]+", req).group(0) for req in requirements if re.search(rf"""extra\s*==\s*['"]{re.escape(extra)}['"]""", req)]
-    if not names:
-        return False
-    for name in names:
-        try:
+    wanted = re.compile(rf"""extra\s*==\s*['"]{re.escape(extra)}['"]""")
+    names = [re.match(r"[A-Za-z0-9._-]+", req).group(0) for req in requirements if wanted.search(req)]  # type: ignore[union-attr]
+    try:
+        for name in names:
             importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            return False
-    return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return bool(names)
 
 
 def _default_llm_backend() -> str:
