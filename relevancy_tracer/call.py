@@ -47,21 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("relevancy_tracer")
 
-#: Settings a decorated function may override for its own evaluations.
-EVALUATION_OVERRIDES = (
-    "method",
-    "strictness",
-    "noncommittal",
-    "generation",
-    "thresholds",
-    "combined_weights",
-    "temperature",
-    "max_answer_chars",
-    "max_question_chars",
-    "json_retries",
-    "calibration",
-)
-
 #: Exceptions that end a call without it failing: task cancellation and a generator's close().
 NOT_ERRORS = (asyncio.CancelledError, GeneratorExit)
 

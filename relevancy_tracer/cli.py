@@ -22,14 +22,16 @@ import sys
 import threading
 from collections import Counter
 from concurrent.futures import CancelledError
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .config import GENERATION_MODES, METHODS, NONCOMMITTAL_RULES, Settings
+from .config import GENERATION_MODES, NONCOMMITTAL_RULES, Settings, settings_table, with_settings_table
 from .dataset import ColumnMapping, InputRow, RowWriter, read_rows, same_file, write_atomically
 from .result import RelevancyResult, Status
 from ._logging import mask_credentials, mask_credentials_in
 from ._loop import process_loop
 from .scoring.engine import Engine
+from .scoring.methods import METHODS
 
 OUTPUT_FIELDS = (
     "score",
@@ -506,7 +508,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     """Method and model flags shared by ``score`` and ``calibrate`` (override the settings)."""
-    parser.add_argument("--method", choices=METHODS)
+    parser.add_argument("--method", choices=tuple(METHODS))
     parser.add_argument("--strictness", type=int, help="questions generated per answer (N)")
     parser.add_argument("--noncommittal", choices=NONCOMMITTAL_RULES)
     parser.add_argument("--generation", choices=GENERATION_MODES)
@@ -517,6 +519,23 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--embeddings", choices=("local", "openai"))
     parser.add_argument("--embedding-model")
     parser.add_argument("--embedding-base-url")
+
+
+def cmd_settings_table(args: argparse.Namespace) -> int:
+    """Print the configuration reference table; ``--write FILE`` replaces FILE's table,
+    ``--check FILE`` exits 1 when it is out of date."""
+    if args.write is None and args.check is None:
+        print(settings_table())
+        return 0
+    path = Path(args.write or args.check)
+    text = path.read_text(encoding="utf-8")
+    updated = with_settings_table(text)
+    if args.check is None:
+        path.write_text(updated, encoding="utf-8")
+    elif updated != text:
+        print(f"{path}: the configuration table is out of date; run: relevancy-tracer settings-table --write {path}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -590,6 +609,12 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("--state", help="file keeping the page cursor, to resume an interrupted run")
     _add_model_flags(fill)
     fill.set_defaults(func=cmd_backfill, calibration=None)
+
+    table = sub.add_parser("settings-table", help="print the configuration reference (Markdown), or write it between a file's <!-- settings-table --> markers")
+    target = table.add_mutually_exclusive_group()
+    target.add_argument("--write", metavar="FILE", help="replace the table in FILE")
+    target.add_argument("--check", metavar="FILE", help="exit 1 when FILE's table is out of date")
+    table.set_defaults(func=cmd_settings_table)
     return parser
 
 

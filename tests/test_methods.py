@@ -255,3 +255,57 @@ def test_ragas_judge_ranks_an_off_topic_answer_below_an_answer():
         good = engine.score(Q, A)
         off = engine.score(Q, "Bananas are rich in potassium and grow in tropical climates.")
     assert good.ok and off.ok and good.score > off.score + 0.3
+
+
+# ------------------------------------------------------------------------------ the method registry
+
+
+@pytest.fixture
+def registered():
+    """Registers Method entries for one test and removes them afterwards."""
+    from relevancy_tracer import config
+    from relevancy_tracer.scoring import methods
+
+    added: list[str] = []
+
+    def register(*entries):
+        methods.METHODS.update(methods._registry(*entries))
+        added.extend(entry.name for entry in entries)
+
+    yield register
+    for name in added:
+        methods.METHODS.pop(name, None)
+        config._METHODS.pop(name, None)
+
+
+def test_a_method_is_one_registry_entry(server, registered):
+    """One Method entry makes a method: settings accept it (and as a component when it is one),
+    the engine scores with it, and its prompts are part of the evaluator's fingerprint."""
+    from relevancy_tracer.config import Settings
+    from relevancy_tracer.scoring.methods import Method, MethodOutput
+
+    async def length_ratio(ctx):
+        return MethodOutput(score=min(1.0, len(ctx.answer) / len(ctx.question)))
+
+    with pytest.raises(ValueError):
+        Settings.resolve(environ={}, method="length_ratio")
+    registered(Method("length_ratio", length_ratio, lambda s: ["LENGTH"], component=True))
+    engine = engine_for(server, method="length_ratio", calibration="auto")
+    result = engine.score("Why?", "Because.")
+    assert result.status == Status.SCORED and result.score == 1.0 and not result.calibrated and result.llm_calls == 0
+    mixed = engine.score("Why?", "Because.", method="combined", combined_weights={"length_ratio": 1.0, "direct": 1.0})
+    assert mixed.components == {"length_ratio": 1.0, "direct": pytest.approx(0.8)} and mixed.score == pytest.approx(0.9)
+    registered(Method("length_ratio_2", length_ratio, lambda s: ["LENGTH 2"]))
+    with pytest.raises(ValueError):  # not a component
+        Settings.resolve(environ={}, combined_weights={"length_ratio_2": 1.0})
+    same_run_other_prompts = engine.score("Why?", "Because.", method="length_ratio_2")
+    assert same_run_other_prompts.score == result.score and same_run_other_prompts.evaluator_version != result.evaluator_version
+
+
+def test_a_method_has_a_run_and_prompts_or_weights():
+    from relevancy_tracer.scoring.methods import Method, direct
+
+    with pytest.raises(ValueError):
+        Method("both", direct, lambda s: [], weights=lambda s: (("direct", 1.0),))
+    with pytest.raises(ValueError):
+        Method("no prompts", direct)

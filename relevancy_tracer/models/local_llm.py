@@ -108,15 +108,6 @@ def chunk_paths(spec: LocalModelSpec) -> list[Path]:
     return paths
 
 
-def model_installed(spec: LocalModelSpec) -> bool:
-    """True when every chunk package of ``spec`` is installed (metadata only, nothing imported)."""
-    try:
-        chunk_paths(spec)
-        return True
-    except ModelError:
-        return False
-
-
 def default_threads() -> int:
     """The CPUs this process may use: its CPU affinity, bounded by the cgroup CPU quota
     (``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` in v1), at least 1.

@@ -17,39 +17,17 @@ from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
 from .. import _fork
 from .._logging import log_failure
 from .._loop import process_loop
-from ..config import Settings
+from ..config import MODEL_FIELDS, Settings
 from ..models import build_models
 from ..models.base import Models
 from ..result import EvaluationError, RelevancyResult, Status, Usage, label_for
 from .calibration import Calibration
-from .evaluator import evaluator_version, raw_fingerprint, resolve_calibration, thresholds_for
+from .evaluator import evaluator_version, identity_key, raw_fingerprint, resolve_calibration, thresholds_for
 from .methods import METHODS, EvalContext, StepCache, failure_of
 
 logger = logging.getLogger("relevancy_tracer")
 
 T = TypeVar("T")
-
-#: Settings that select or configure model backends; changing one per call builds other backends.
-MODEL_FIELDS = (
-    "llm",
-    "llm_model",
-    "llm_base_url",
-    "llm_api_key",
-    "embeddings",
-    "embedding_model",
-    "embedding_base_url",
-    "embedding_api_key",
-    "llm_timeout",
-    "llm_max_retries",
-    "llm_response_format",
-    "local_threads",
-    "local_context",
-    "local_repack",
-    "local_host",
-    "local_host_nice",
-    "local_host_idle_timeout",
-)
-
 
 atexit.register(lambda: process_loop().stop(5.0))  # closes HTTP sessions bound to it before exit
 
@@ -136,15 +114,11 @@ class Engine:
         embedder = models.embedder if models is not None else None
         embedding_name = embedder.name if embedder is not None else settings.resolved_embedding_model
         decoding = getattr(models.llm, "decoding", "") if models is not None else ""
-        key = (
-            settings.method, settings.strictness, settings.noncommittal, settings.generation, settings.temperature,
-            settings.max_answer_chars, settings.max_question_chars, settings.combined_weights, settings.thresholds,
-            settings.calibration, llm_name, embedding_name, decoding,
-        )
+        key = identity_key(settings, llm_name, embedding_name, decoding)
         found = self._identities.get(key)
         if found is None:
             raw = raw_fingerprint(settings, llm_name, embedding_name, decoding)
-            calibration = resolve_calibration(settings.calibration, raw)
+            calibration = resolve_calibration(settings.calibration, raw, settings.method)
             thresholds = thresholds_for(settings, calibration is not None)
             found = (calibration, thresholds, evaluator_version(raw, calibration, thresholds))
             if len(self._identities) > 256:
@@ -216,9 +190,9 @@ class Engine:
             context = EvalContext(question=q, answer=a, settings=settings, models=models, usage=usage, cache=self._cache)
             method = METHODS[settings.method]
             if timeout is not None:
-                output = await asyncio.wait_for(method(context), timeout)
+                output = await asyncio.wait_for(method.score(context), timeout)
             else:
-                output = await method(context)
+                output = await method.score(context)
             raw = float(output.score)
             calibration, thresholds, version = self.identity(settings, models)
             # the reported score is always in [0, 1] (an uncalibrated cosine mean can be

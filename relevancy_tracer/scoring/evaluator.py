@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import _fork
-from ..config import DEFAULT_THRESHOLDS, PROBABILITY_THRESHOLDS, Settings
+from ..config import DEFAULT_THRESHOLDS, EVALUATOR_FIELDS, PROBABILITY_THRESHOLDS, RAW_FINGERPRINT_FIELDS, Settings
 from . import prompts
 from .calibration import Calibration
+from .methods import METHODS
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -40,46 +41,27 @@ def _sha(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode("utf-8")).hexdigest()
 
 
-def _method_prompts(method: str, settings: Settings) -> list[Any]:
-    """The rendered prompts and schemas a method sends (placeholder texts), for fingerprints."""
-    from .methods import COMPOSITE_WEIGHTS, RAGAS_JUDGE
-
-    n = settings.strictness
-    questions = [prompts.joint_questions("ANSWER", n), prompts.questions_schema(n)] if settings.generation == "joint" else [prompts.single_question("ANSWER"), prompts.QUESTION_SCHEMA]
-    table: dict[str, list[Any]] = {
-        "ragas": questions,
-        "llm_similarity": questions + [prompts.similarity_ratings("QUESTION", ["GENERATED"] * n), prompts.similarity_schema(n)],
-        "direct": [prompts.direct_score("QUESTION", "ANSWER"), prompts.SCORE_SCHEMA],
-        "decomposition": [prompts.decompose("QUESTION"), prompts.DECOMPOSE_SCHEMA, prompts.coverage("ANSWER", ["SUB"]), prompts.coverage_schema(1)],
-        "intent": [prompts.intent("QUESTION"), prompts.INTENT_SCHEMA, prompts.fulfilment("QUESTION", "ANSWER", "INTENT"), prompts.SCORE_SCHEMA],
-        "ragas_judge": questions + [prompts.judge_turn(questions[0] + [{"role": "assistant", "content": "REPLY"}], "QUESTION"), prompts.SCORE_SCHEMA, RAGAS_JUDGE],
-    }
-    if method in table:
-        return table[method]
-    weights = settings.combined_weights if method == "combined" else COMPOSITE_WEIGHTS.get(method, ())
-    out: list[Any] = [["weights", [list(w) for w in weights]]]
-    for name, _ in weights:
-        out.extend(_method_prompts(name, settings))
-    return out
-
-
 def raw_fingerprint(settings: Settings, llm_name: str, embedding_name: Optional[str], llm_decoding: str = "") -> str:
-    """SHA-256 hex of everything that determines the raw score (see the module docstring)."""
-    payload = {
-        "method": settings.method,
-        "prompts": _method_prompts(settings.method, settings),
-        "system": prompts.SYSTEM,
-        "strictness": settings.strictness,
-        "noncommittal": settings.noncommittal,
-        "generation": settings.generation,
-        "temperature": settings.temperature,
-        "max_answer_chars": settings.max_answer_chars,
-        "max_question_chars": settings.max_question_chars,
-        "llm": llm_name,
-        "llm_decoding": llm_decoding,
-        "embedding": embedding_name,
-    }
+    """SHA-256 hex of everything that determines the raw score (see the module docstring): the
+    settings declared ``evaluator="raw"`` (:data:`~relevancy_tracer.config.RAW_FINGERPRINT_FIELDS`)
+    under their names, the method's prompts (:meth:`~.methods.Method.fingerprint_prompts`), the
+    system prompt and the models."""
+    payload = {name: getattr(settings, name) for name in RAW_FINGERPRINT_FIELDS}
+    payload.update(
+        prompts=METHODS[settings.method].fingerprint_prompts(settings),
+        system=prompts.SYSTEM,
+        llm=llm_name,
+        llm_decoding=llm_decoding,
+        embedding=embedding_name,
+    )
     return _sha(payload)
+
+
+def identity_key(settings: Settings, llm_name: str, embedding_name: Optional[str], llm_decoding: str = "") -> tuple:
+    """A hashable key that is equal for two evaluations exactly when their evaluator (raw
+    fingerprint, calibration, thresholds) is: the settings of
+    :data:`~relevancy_tracer.config.EVALUATOR_FIELDS` and the models."""
+    return tuple(getattr(settings, name) for name in EVALUATOR_FIELDS) + (llm_name, embedding_name, llm_decoding)
 
 
 def thresholds_for(settings: Settings, calibrated: bool) -> tuple[float, float, float]:
@@ -105,10 +87,12 @@ def load_calibration(path: str) -> Calibration:
     return _load_file(str(resolved), resolved.stat().st_mtime_ns)
 
 
-def shipped_calibrations() -> list[Calibration]:
-    """Every calibration shipped in the package (``relevancy_tracer/calibrations/*.json``)."""
+def shipped_calibrations(method: Optional[str] = None) -> list[Calibration]:
+    """The calibrations shipped in the package for ``method`` (its
+    :attr:`~.methods.Method.calibration_glob` in ``relevancy_tracer/calibrations``), or all of
+    them (``*.json``) when ``method`` is None."""
     out = []
-    for path in sorted(SHIPPED_DIR.glob("*.json")):
+    for path in sorted(SHIPPED_DIR.glob(METHODS[method].calibration_glob if method else "*.json")):
         try:
             out.append(load_calibration(str(path)))
         except (OSError, ValueError) as exc:  # a broken package file must not break scoring
@@ -134,10 +118,11 @@ def _warn_once(key: str, message: str, *args: Any) -> None:
     logger.warning(message, *args)
 
 
-def resolve_calibration(setting: str, raw: str) -> Optional[Calibration]:
+def resolve_calibration(setting: str, raw: str, method: Optional[str] = None) -> Optional[Calibration]:
     """The calibration for a ``calibration`` setting and a raw fingerprint, or None.
 
-    ``none``: None. ``auto``: the shipped calibration fitted for exactly this raw fingerprint,
+    ``none``: None. ``auto``: the calibration shipped for ``method`` (all shipped ones when
+    None) that was fitted for exactly this raw fingerprint,
     else None (raw scores are reported; a one-time INFO log says how to fit one). A path: that
     file (a warning, once, when it was fitted for another evaluator). Never raises: an
     unreadable file is logged once and scores stay raw.
@@ -145,7 +130,7 @@ def resolve_calibration(setting: str, raw: str) -> Optional[Calibration]:
     if setting == "none":
         return None
     if setting == "auto":
-        for calibration in shipped_calibrations():
+        for calibration in shipped_calibrations(method):
             if calibration.fitted_on.get("raw_fingerprint") == raw:
                 return calibration
         with _warned_lock:

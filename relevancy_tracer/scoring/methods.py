@@ -1,8 +1,9 @@
 """The relevancy methods: RAGAS answer relevancy and seed 000's alternatives, and their combination.
 
-Every method is ``async def method(ctx: EvalContext) -> MethodOutput`` and raises
-:class:`~relevancy_tracer.result.EvaluationError` (a named failure) or
-:class:`~relevancy_tracer.models.base.ModelError`; the engine turns both into results.
+Each method is one :class:`Method` entry in :data:`METHODS` (its run, components, fingerprint
+prompts and calibration files). Scoring raises :class:`~relevancy_tracer.result.EvaluationError`
+(a named failure) or :class:`~relevancy_tracer.models.base.ModelError`; the engine turns both
+into results.
 
 =================  ======================================================  ================
 method             score                                                   LLM calls
@@ -41,7 +42,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import numpy as np
 
-from .. import _fork
+from .. import _fork, config
 from ..config import Settings
 from ..models.base import ModelError, Models
 from ..result import EvaluationError, Status, Usage
@@ -375,24 +376,11 @@ async def intent(ctx: EvalContext) -> MethodOutput:
     return MethodOutput(score=score, intent=stated)
 
 
-async def combined(ctx: EvalContext) -> MethodOutput:
-    """Weighted mean of component methods, ``combined_weights`` (default seed 000's: ragas 0.3,
-    direct 0.25, decomposition 0.25, intent 0.2); see :func:`weighted`."""
-    return await weighted(ctx, ctx.settings.combined_weights)
-
-
-#: The default method's weights, chosen on WikiEval (README, "Quality on WikiEval"): the middle
-#: of the 0.1-0.3 range of RAGAS shares that keep pairwise accuracy at 1.0 with the local models
-#: (0.5 falls to 0.7).
+#: ragas_intent's weights, chosen on WikiEval (README, "Quality on WikiEval"): the middle of the
+#: 0.1-0.3 range of RAGAS shares that keep pairwise accuracy at 1.0 with the local models (0.5
+#: falls to 0.7). Measured: pairwise accuracy 1.00 on WikiEval's 10 dev rows with the embedded
+#: models (18.4 s per evaluation on 2 cores), against 0.60 for ``ragas`` alone.
 RAGAS_INTENT_WEIGHTS = (("ragas", 0.2), ("intent", 0.8))
-
-
-async def ragas_intent(ctx: EvalContext) -> MethodOutput:
-    """The default: RAGAS reverse-generated questions (kept as evidence, 0.2 of the score) and
-    the intent judge (0.8). Measured: pairwise accuracy 1.00 on WikiEval's 10 dev rows with the
-    embedded models (18.4 s per evaluation on 2 cores), against 0.60 for ``ragas`` alone; 2 LLM
-    calls per answer plus one per new question."""
-    return await weighted(ctx, RAGAS_INTENT_WEIGHTS)
 
 
 #: ragas_judge's combination (part of the evaluator fingerprint), chosen on the development
@@ -503,7 +491,7 @@ async def weighted(ctx: EvalContext, weights_setting: Sequence[tuple[str, float]
     ``failed_components``. Fails only when every component failed.
     """
     weights = [(name, w) for name, w in weights_setting if w > 0]
-    outcomes = await asyncio.gather(*(COMPONENTS[name](ctx) for name, _ in weights), return_exceptions=True)
+    outcomes = await asyncio.gather(*(METHODS[name].score(ctx) for name, _ in weights), return_exceptions=True)
     merged = MethodOutput(score=0.0)
     total = 0.0
     first_failure: Optional[BaseException] = None
@@ -533,16 +521,106 @@ async def weighted(ctx: EvalContext, weights_setting: Sequence[tuple[str, float]
     return merged
 
 
-COMPONENTS: dict[str, Callable[[EvalContext], Awaitable[MethodOutput]]] = {
-    "ragas": ragas,
-    "llm_similarity": llm_similarity,
-    "direct": direct,
-    "decomposition": decomposition,
-    "intent": intent,
-}
+# ---------------------------------------------------------------------------- the registry
+# Prompts for the fingerprint: the rendered prompts and JSON schemas a method sends, with
+# placeholder texts (QUESTION, ANSWER, ...), so a change of any prompt changes the evaluator.
 
-METHODS: dict[str, Callable[[EvalContext], Awaitable[MethodOutput]]] = {**COMPONENTS, "combined": combined, "ragas_intent": ragas_intent, "ragas_judge": ragas_judge}
 
-#: Fixed component weights of the composite methods (``combined`` takes its weights from the
-#: ``combined_weights`` setting).
-COMPOSITE_WEIGHTS: dict[str, Sequence[tuple[str, float]]] = {"ragas_intent": RAGAS_INTENT_WEIGHTS}
+def _question_prompts(settings: Settings) -> list[Any]:
+    n = settings.strictness
+    if settings.generation == "joint":
+        return [prompts.joint_questions("ANSWER", n), prompts.questions_schema(n)]
+    return [prompts.single_question("ANSWER"), prompts.QUESTION_SCHEMA]
+
+
+def _ragas_judge_prompts(settings: Settings) -> list[Any]:
+    questions = _question_prompts(settings)
+    judge = prompts.judge_turn(questions[0] + [{"role": "assistant", "content": "REPLY"}], "QUESTION")
+    return questions + [judge, prompts.SCORE_SCHEMA, RAGAS_JUDGE]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One relevancy method: everything the engine, the settings and the evaluator identity
+    need of it. Adding a method is one entry in :data:`METHODS`.
+
+    Attributes:
+        name: the ``method`` setting's value (and the component name in weights).
+        run: ``async (EvalContext) -> MethodOutput`` of a single method; None for a composite.
+        prompts: ``(Settings) -> list``: the prompts and schemas it sends, rendered with
+            placeholder texts; part of the raw fingerprint. None for a composite.
+        weights: a composite's ``(Settings) -> ((component, weight), ...)``: its score is
+            :func:`weighted` over those components, and its prompts are the weights and the
+            components' prompts. None for a single method.
+        component: may be a component of ``combined`` (validated by the ``combined_weights``
+            setting).
+
+    Calibrations for it ship as ``relevancy_tracer/calibrations/<name>-*.json``
+    (:attr:`calibration_glob`; ``calibration="auto"`` applies the one whose raw fingerprint
+    matches).
+    """
+
+    name: str
+    run: Optional[Callable[[EvalContext], Awaitable[MethodOutput]]] = None
+    prompts: Optional[Callable[[Settings], list[Any]]] = None
+    weights: Optional[Callable[[Settings], Sequence[tuple[str, float]]]] = None
+    component: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.run is None) == (self.weights is None) or (self.run is None) != (self.prompts is None):
+            raise ValueError(f"method {self.name}: give run and prompts, or weights")
+
+    async def score(self, ctx: EvalContext) -> MethodOutput:
+        """Score one evaluation. Raises EvaluationError or ModelError (see the module doc)."""
+        if self.weights is not None:
+            return await weighted(ctx, self.weights(ctx.settings))
+        return await self.run(ctx)  # type: ignore[misc]
+
+    def fingerprint_prompts(self, settings: Settings) -> list[Any]:
+        """What of this method goes into the raw fingerprint for ``settings``."""
+        if self.weights is None:
+            return self.prompts(settings)  # type: ignore[misc]
+        weights = self.weights(settings)
+        out: list[Any] = [["weights", [list(w) for w in weights]]]
+        for name, _ in weights:
+            out.extend(METHODS[name].fingerprint_prompts(settings))
+        return out
+
+    @property
+    def calibration_glob(self) -> str:
+        """File pattern of its shipped calibrations in ``relevancy_tracer/calibrations``."""
+        return f"{self.name}-*.json"
+
+
+def _registry(*methods: Method) -> dict[str, Method]:
+    for method in methods:
+        config.register_method(method.name, component=method.component)
+    return {method.name: method for method in methods}
+
+
+#: Every relevancy method, in the order the configuration reference lists them.
+METHODS: dict[str, Method] = _registry(
+    Method("ragas_judge", ragas_judge, _ragas_judge_prompts),
+    Method("ragas_intent", weights=lambda settings: RAGAS_INTENT_WEIGHTS),
+    Method("ragas", ragas, _question_prompts, component=True),
+    Method(
+        "llm_similarity",
+        llm_similarity,
+        lambda s: _question_prompts(s) + [prompts.similarity_ratings("QUESTION", ["GENERATED"] * s.strictness), prompts.similarity_schema(s.strictness)],
+        component=True,
+    ),
+    Method("direct", direct, lambda s: [prompts.direct_score("QUESTION", "ANSWER"), prompts.SCORE_SCHEMA], component=True),
+    Method(
+        "decomposition",
+        decomposition,
+        lambda s: [prompts.decompose("QUESTION"), prompts.DECOMPOSE_SCHEMA, prompts.coverage("ANSWER", ["SUB"]), prompts.coverage_schema(1)],
+        component=True,
+    ),
+    Method(
+        "intent",
+        intent,
+        lambda s: [prompts.intent("QUESTION"), prompts.INTENT_SCHEMA, prompts.fulfilment("QUESTION", "ANSWER", "INTENT"), prompts.SCORE_SCHEMA],
+        component=True,
+    ),
+    Method("combined", weights=lambda settings: settings.combined_weights),
+)

@@ -8,7 +8,7 @@ import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Optional
 
-from ..config import METHODS
+from ..scoring.methods import METHODS
 from ..phoenix import evaluation_id
 from .selection import Candidate
 
