@@ -48,7 +48,7 @@ from _paths import relative  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent))
 
-from relevancy_tracer.phoenix import evaluation_id  # noqa: E402
+from relevancy_tracer.phoenix_annotations import evaluation_id  # noqa: E402
 from relevancy_tracer.service.jobs import ScoreRequest  # noqa: E402
 from relevancy_tracer.service.queue import DONE_PREFIX, STREAM, RedisStreamQueue  # noqa: E402
 from relevancy_tracer.service.writer import EVALUATED_SPAN_NAME, QUEUE_WAIT_MS  # noqa: E402

@@ -174,7 +174,7 @@ def latency(args) -> dict:
 
 def forked_child(mode: str, workers: int, answers: int) -> dict:
     import relevancy_tracer
-    from relevancy_tracer import lifecycle
+    from relevancy_tracer.tracing import lifecycle
 
     done: list = []
     event = threading.Event()

@@ -325,7 +325,7 @@ def stats(samples: array) -> dict:
 
 def rt_counts() -> Optional[dict]:
     """relevancy-tracer's per-status call counts and queue depth (which path was timed)."""
-    from relevancy_tracer import lifecycle
+    from relevancy_tracer.tracing import lifecycle
 
     current = lifecycle._current
     if current is None:

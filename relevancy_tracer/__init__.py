@@ -22,16 +22,16 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from . import runtime
+from .tracing import runtime
 from .config import Settings
 from .dataset import ColumnMapping
-from .decorator import instrument, trace
-from .drift import DriftEvent, DriftMonitor
-from .extraction import CallInfo
+from .tracing.decorator import instrument, trace
+from .tracing.drift import DriftEvent, DriftMonitor
+from .tracing.extraction import CallInfo
 from .result import RelevancyResult, Status
-from .sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler
-from .job import EvaluationOutcome
-from .lifecycle import configure, flush, shutdown
+from .tracing.sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler
+from .tracing.job import EvaluationOutcome
+from .tracing.lifecycle import configure, flush, shutdown
 from .scoring.engine import Engine
 
 __version__ = "0.1.0"
@@ -81,7 +81,7 @@ def evaluate(
 def drift_monitor() -> Optional[DriftMonitor]:
     """The current tracer's drift monitor (None when ``drift_detection`` is off or after
     ``shutdown()``)."""
-    from . import lifecycle
+    from .tracing import lifecycle
 
     runtime = lifecycle.current()
     return runtime.drift if runtime is not None else None

@@ -298,7 +298,7 @@ def test_evaluate_as_dataframe(server, engine):
 
 def test_public_api_uses_configured_engine(server):
     import relevancy_tracer
-    from relevancy_tracer import runtime
+    from relevancy_tracer.tracing import runtime
 
     runtime.set_settings(openai_settings(server))
     try:

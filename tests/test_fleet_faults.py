@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer.phoenix import evaluation_id
+from relevancy_tracer.phoenix_annotations import evaluation_id
 from relevancy_tracer.service.jobs import ScoreRequest
 from relevancy_tracer.service.writer import EVALUATION_ID
 from relevancy_tracer.testing import RedisServer, Status

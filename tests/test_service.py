@@ -191,7 +191,7 @@ def test_fleet_of_three_workers_loses_no_job_when_one_is_killed(server, backend,
     """serve --queue puts jobs on a Redis Stream; three worker processes consume it as one
     group; one is killed with SIGKILL mid-run; its taken jobs are reclaimed; every span is
     scored, recorded done, and carries exactly one annotation in Phoenix."""
-    from relevancy_tracer.phoenix import ANNOTATION_NAME, PhoenixClient
+    from relevancy_tracer.phoenix_annotations import ANNOTATION_NAME, PhoenixClient
 
     import redis
 

@@ -509,7 +509,7 @@ def test_caller_never_waits_for_the_model(tracing, otel, server):
         return ANSWER
 
     answer(QUESTION)
-    tracer = relevancy_tracer.lifecycle.current()
+    tracer = relevancy_tracer.tracing.lifecycle.current()
     assert tracer.worker.depth == 1  # returned while its evaluation is still pending
     relevancy_tracer.shutdown(0.5)
 
@@ -660,7 +660,7 @@ def test_settings_from_environment(monkeypatch, tracing, otel, server):
 
     answer(QUESTION)
     assert attrs_of(only_span(otel, "env"))[A.STATUS] == "not_sampled"
-    assert relevancy_tracer.lifecycle.current().settings.strictness == 3
+    assert relevancy_tracer.tracing.lifecycle.current().settings.strictness == 3
 
 
 def test_call_info_is_available_to_callables(tracing, otel):

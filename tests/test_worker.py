@@ -10,7 +10,7 @@ import time
 import pytest
 
 from relevancy_tracer.result import Status
-from relevancy_tracer.worker import Worker
+from relevancy_tracer._background.jobqueue import Worker
 
 
 class FakeJob:

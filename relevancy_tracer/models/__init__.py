@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from .. import _fork
+from .._background import fork as _fork
 from ..config import Settings
 from .base import ChatModel, ChatReply, Embedder, EmbeddingReply, ModelError, Models
 

@@ -21,8 +21,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .. import _fork
-from .._loop import is_owned_loop, register_loop_closer
+from .._background import fork as _fork
+from .._background.loop import is_owned_loop, register_loop_closer
 from .base import ChatReply, EmbeddingReply, ModelError
 
 logger = logging.getLogger("relevancy_tracer")

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from opentelemetry import metrics
 
-from .. import _fork
+from .._background import fork as _fork
 from . import attributes as A
 
 

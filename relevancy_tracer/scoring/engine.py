@@ -14,9 +14,9 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
 
-from .. import _fork
+from .._background import fork as _fork
 from .._logging import log_failure
-from .._loop import process_loop
+from .._background.loop import process_loop
 from ..config import Settings
 from ..models import build_models
 from ..models.base import Models

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import _fork
+from .._background import fork as _fork
 from ..config import DEFAULT_THRESHOLDS, PROBABILITY_THRESHOLDS, Settings
 from . import prompts
 from .calibration import Calibration

@@ -29,9 +29,9 @@ import time
 from typing import Any, Optional
 
 from ..config import Settings
-from ..phoenix import PhoenixClient
+from ..phoenix_annotations import PhoenixClient
 from ..result import Status
-from ..worker import Worker
+from .._background.jobqueue import Worker
 from .jobs import ScoreRequest
 from .join import Content, ContentJoin, Held, is_content_event
 from .otlp import log_records_of, spans_of

@@ -27,7 +27,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 from ..config import Settings
 from ..otel import attributes as A
 from ..otel.spans import content_attributes, evaluation_event, result_attributes, suppressed_instrumentation
-from ..phoenix import PhoenixClient, annotation_for
+from ..phoenix_annotations import PhoenixClient, annotation_for
 from ..result import RelevancyResult, Status
 from ..scoring.engine import Engine
 from .jobs import ScoreRequest

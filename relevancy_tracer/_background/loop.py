@@ -209,6 +209,6 @@ def _renew_process_loop() -> None:
     _process_loop.reset_after_fork()
 
 
-from . import _fork  # noqa: E402  (the loop module is imported by everything; register once)
+from . import fork as _fork  # noqa: E402  (the loop module is imported by everything; register once)
 
 _fork.after_fork(_renew_process_loop)

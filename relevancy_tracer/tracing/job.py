@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Optional
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, Status as SpanStatus, StatusCode
 
-from ._logging import log_failure
-from .otel import attributes as A
-from .otel.spans import content_attributes, evaluation_event, result_attributes, suppressed_instrumentation
-from .result import RelevancyResult, Status
+from .._logging import log_failure
+from ..otel import attributes as A
+from ..otel.spans import content_attributes, evaluation_event, result_attributes, suppressed_instrumentation
+from ..result import RelevancyResult, Status
 
 if TYPE_CHECKING:  # pragma: no cover
     from .call import CallState
@@ -137,7 +137,7 @@ class EvaluationJob:
                     pass
         if result is not None and result.ok and runtime.annotations is not None:
             try:
-                from .phoenix import annotation_for, evaluation_id
+                from ..phoenix_annotations import annotation_for, evaluation_id
 
                 span_hex = format(self.span_context.span_id, "016x")
                 identifier = evaluation_id(format(self.span_context.trace_id, "032x"), span_hex, result.method)

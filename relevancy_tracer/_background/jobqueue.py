@@ -33,9 +33,9 @@ import time
 from collections import deque
 from typing import Optional, Protocol
 
-from ._logging import log_failure
-from ._loop import BackgroundLoop, LoopStartError
-from .result import Status
+from .._logging import log_failure
+from .loop import BackgroundLoop, LoopStartError
+from ..result import Status
 
 logger = logging.getLogger("relevancy_tracer")
 

@@ -25,14 +25,14 @@ from typing import Any, Optional
 
 from opentelemetry import trace
 
-from . import _fork
-from ._loop import process_loop
-from .config import Settings
-from .otel.metrics import shared_metrics
-from .otel.setup import OwnedProviders, bounded, service_name
+from .._background import fork as _fork
+from .._background.loop import process_loop
+from ..config import Settings
+from ..otel.metrics import shared_metrics
+from ..otel.setup import OwnedProviders, bounded, service_name
 from .sampling import build_sampler
-from .scoring.engine import Engine
-from .worker import GRACE, Worker
+from ..scoring.engine import Engine
+from .._background.jobqueue import GRACE, Worker
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -49,7 +49,7 @@ class Runtime:
     """
 
     def __init__(self, settings: Settings, engine: Optional[Engine] = None, owned: Optional[OwnedProviders] = None):
-        from . import __version__
+        from .. import __version__
 
         self.settings = settings
         self.engine = engine or Engine(settings)
@@ -71,7 +71,7 @@ class Runtime:
         self.annotations = None
         if settings.phoenix_url:
             try:
-                from .phoenix import PhoenixAnnotationSink
+                from ..phoenix_annotations import PhoenixAnnotationSink
 
                 self.annotations = PhoenixAnnotationSink(settings.phoenix_url)
             except Exception as exc:  # e.g. httpx missing: annotations are optional, tracing is not

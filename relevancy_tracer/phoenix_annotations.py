@@ -26,7 +26,7 @@ import time
 from collections import deque
 from typing import Any, Iterable, Iterator, Optional
 
-from . import _fork
+from ._background import fork as _fork
 from .result import RelevancyResult
 
 logger = logging.getLogger("relevancy_tracer")

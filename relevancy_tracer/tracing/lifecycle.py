@@ -24,10 +24,11 @@ import logging
 import threading
 from typing import Any, Optional
 
-from . import _fork, runtime as _runtime_module
-from ._logging import mask_credentials
-from .config import Settings
-from .otel.setup import OwnedProviders, install_providers
+from .._background import fork as _fork
+from . import runtime as _runtime_module
+from .._logging import mask_credentials
+from ..config import Settings
+from ..otel.setup import OwnedProviders, install_providers
 from .runtime import Runtime
 
 logger = logging.getLogger("relevancy_tracer")
@@ -86,7 +87,7 @@ def describe(settings: Settings, owned: OwnedProviders) -> str:
     """The start-up line: what was resolved (no secrets, no user text)."""
     llm = settings.resolved_llm_model
     if settings.llm == "local":
-        from .models.local_llm import default_threads
+        from ..models.local_llm import default_threads
 
         llm += f", {settings.local_threads or default_threads()} threads"
         llm += ", in the model host" if settings.local_host else ", in process"

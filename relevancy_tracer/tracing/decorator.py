@@ -38,7 +38,7 @@ from opentelemetry import trace as otel_trace
 
 from . import lifecycle
 from .call import EVALUATION_OVERRIDES, CallState, TraceOptions
-from .config import Settings
+from ..config import Settings
 from .extraction import Extractor, Spec, chunk_text
 
 logger = logging.getLogger("relevancy_tracer")

@@ -35,11 +35,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from ._logging import log_failure
+from .._logging import log_failure
 from .extraction import CallInfo, ExtractionError, Extractor, cap_contexts
-from .otel import attributes as A
-from .otel.spans import content_attributes, record_exception
-from .result import Status
+from ..otel import attributes as A
+from ..otel.spans import content_attributes, record_exception
+from ..result import Status
 from .sampling import TRACE_ID_SAMPLERS, SamplingContext
 
 if TYPE_CHECKING:  # pragma: no cover
