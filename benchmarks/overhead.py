@@ -334,7 +334,7 @@ def rt_counts() -> Optional[dict]:
     for (_, status, _, reason, _, _), value in current.metrics.counts().items():
         key = status + (f":{reason}" if reason else "")
         counts[key] = counts.get(key, 0) + value
-    return {"statuses": counts, "queue_depth": current.worker.depth}
+    return {"statuses": counts, "queue_depth": current.jobs.depth}
 
 
 def child_timing(variant: str, rounds: int, block: int, warmup: int, profile: Optional[str]) -> dict:

@@ -510,7 +510,7 @@ def test_caller_never_waits_for_the_model(tracing, otel, server):
 
     answer(QUESTION)
     tracer = relevancy_tracer.tracing.lifecycle.current()
-    assert tracer.worker.depth == 1  # returned while its evaluation is still pending
+    assert tracer.jobs.depth == 1  # returned while its evaluation is still pending
     relevancy_tracer.shutdown(0.5)
 
 

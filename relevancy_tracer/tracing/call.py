@@ -223,13 +223,13 @@ class CallState:
             if settings.attach == "answer_span":
                 self._ended = True  # the job owns the span from here: it ends it exactly once
                 try:
-                    runtime.worker.submit(job)  # a refused job is finished (and its span ended) at once
+                    runtime.jobs.submit(job)  # a refused job is finished (and its span ended) at once
                 except Exception:
                     log_failure("submitting an evaluation failed", settings.capture_content)
                     job.finish(Status.ERROR, "internal error", "submit")
             else:
                 try:
-                    runtime.worker.submit(job)  # a refused job marks this span dropped before it ends
+                    runtime.jobs.submit(job)  # a refused job marks this span dropped before it ends
                 finally:
                     self._end_span(end_time)
         except Exception as exc:
