@@ -189,7 +189,7 @@ def forked_child(mode: str, workers: int, answers: int) -> dict:
         raise SystemExit("warm-up evaluation did not finish")
     host_pid = None
     if mode == "host":
-        from relevancy_tracer.models import host_connection
+        from relevancy_tracer.scoring.backends import host_connection
 
         host_pid = host_connection(lifecycle.current().settings).info()["pid"]
     pairs = iter(PAIRS)

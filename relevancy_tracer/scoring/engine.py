@@ -18,7 +18,7 @@ from .._background import fork as _fork
 from .._logging import log_failure
 from .._background.loop import process_loop
 from ..config import Settings
-from ..models import build_models
+from .backends import build_models
 from ..models.base import Models
 from ..result import EvaluationError, RelevancyResult, Status, Usage, label_for
 from .calibration import Calibration
