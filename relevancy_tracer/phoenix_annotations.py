@@ -18,7 +18,6 @@ its annotation instead of adding a second one.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -32,13 +31,6 @@ from .result import RelevancyResult
 logger = logging.getLogger("relevancy_tracer")
 
 ANNOTATION_NAME = "answer_relevancy"
-
-
-def evaluation_id(trace_id: str, span_id: str, method: str) -> str:
-    """The deterministic id of the evaluation of one span by one method: 32 hex digits of
-    SHA-256 over ``trace_id:span_id:method`` (hex ids, lowercase). A retried job gets the same
-    id, so its annotation is upserted, never doubled."""
-    return hashlib.sha256(f"{trace_id.lower()}:{span_id.lower()}:{method}".encode("ascii")).hexdigest()[:32]
 
 
 def annotation_for(result: RelevancyResult, span_id: str, identifier: str, *, capture_content: bool) -> Optional[dict]:

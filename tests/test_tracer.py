@@ -14,6 +14,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import relevancy_tracer
 from relevancy_tracer import CallInfo
 from relevancy_tracer.otel import attributes as A
+from relevancy_tracer.otel.results import evaluation_id
 from relevancy_tracer.testing import Hang
 
 from .conftest import finished_spans
@@ -61,6 +62,10 @@ def test_sync_function_span_carries_the_result(tracing, otel, server):
     assert event.attributes[A.GEN_AI_EVALUATION_SCORE_VALUE] == a[A.SCORE]
     assert event.attributes[A.GEN_AI_EVALUATION_SCORE_LABEL] == a[A.LABEL]
     assert event.attributes[A.GEN_AI_EVALUATION_EXPLANATION] == a[A.EXPLANATION]
+    # the id the service and the Phoenix annotation use for the same span and method
+    expected_id = evaluation_id(format(span.context.trace_id, "032x"), format(span.context.span_id, "016x"), a[A.METHOD])
+    assert a[A.EVALUATION_ID] == event.attributes[A.EVALUATION_ID] == expected_id
+    assert event.attributes[A.EVALUATOR_VERSION] == a[A.EVALUATOR_VERSION]
     assert server.requests_to("embeddings")[0]["input"][0] == QUESTION
 
 
@@ -483,6 +488,7 @@ def test_evaluation_span_mode(tracing, otel):
     assert [link.context.span_id for link in evaluator.links] == [answer_span.context.span_id]
     assert evaluator.status.status_code == StatusCode.OK
     assert [e.name for e in evaluator.events] == [A.GEN_AI_EVALUATION_RESULT]
+    assert a[A.EVALUATION_ID] == evaluation_id(format(answer_span.context.trace_id, "032x"), format(answer_span.context.span_id, "016x"), a[A.METHOD])
 
 
 def test_flush_waits_and_times_out(tracing, otel, server):
@@ -529,7 +535,7 @@ def test_full_queue_drops_and_ends_spans_at_once(tracing, otel, server):
     assert len(dropped) >= 3  # 1 running + 2 queued at most; the rest ended at once
     for span in dropped:
         a = attrs_of(span)
-        assert a[A.STATUS] == "dropped" and a[A.DROP_REASON] == "queue_full"
+        assert a[A.STATUS] == "dropped" and a[A.STATUS_REASON] == "queue_full"
     relevancy_tracer.shutdown(0.5)
     spans = finished_spans(otel, "busy")
     assert len(spans) == 6 and len({s.context.span_id for s in spans}) == 6  # each ended exactly once

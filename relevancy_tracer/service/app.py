@@ -74,7 +74,7 @@ class ServiceJob:
     def finish(self, status: str, error: Optional[str] = None, reason: Optional[str] = None) -> None:
         if self._claim():
             try:
-                self.scorer.write(self.request, None, status=status, error=error)
+                self.scorer.write(self.request, None, status=status, error=error, reason=reason)
             except Exception:
                 logger.warning("relevancy-tracer: writing the %s outcome of %s failed", status, self.request.evaluation_id, exc_info=True)
             self._drain.done()

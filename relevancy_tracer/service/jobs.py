@@ -9,7 +9,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from ..config import METHODS
-from ..phoenix_annotations import evaluation_id
+from ..otel.results import evaluation_id
 from .selection import Candidate
 
 _HEX = re.compile(r"[0-9a-fA-F]+")

@@ -28,16 +28,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, Status as SpanStatus, StatusCode
-
 from .._logging import log_failure
 from ..otel import attributes as A
-from ..otel.spans import content_attributes, evaluation_event, result_attributes, suppressed_instrumentation
+from ..otel.results import emit_evaluator_span, evaluation_id, outcome_attributes, record_outcome, write_on_span
+from ..otel.spans import content_attributes, suppressed_instrumentation
 from ..result import RelevancyResult, Status
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .call import CallState
+    from .runtime import Runtime
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -65,38 +63,48 @@ class EvaluationOutcome:
 
 
 class EvaluationJob:
-    """One sampled call's evaluation, run by the worker; finishes its span exactly once.
+    """One sampled call's evaluation, run by the job queue; finishes its span exactly once.
 
-    Holds the call's texts already truncated to the scoring budgets (one character more, so the
-    engine still reports ``truncated``): a full queue holds bounded memory.
+    Args:
+        runtime: the tracer's runtime (settings, engine, tracer, metrics, drift, annotations).
+        span: the call's span (held open in ``answer_span`` mode, ended otherwise).
+        span_name: the traced function's span name. overrides: its per-function evaluation
+            settings. question, answer, contexts: the texts, already extracted and redacted.
+        end_time: when the call ended (Unix ns).
+
+    Holds the texts truncated to the scoring budgets (one character more, so the engine still
+    reports ``truncated``): a full queue holds bounded memory.
     """
 
-    __slots__ = ("state", "runtime", "question", "answer", "contexts", "end_time", "deadline", "timeout", "span_context", "_lock", "_done")
+    __slots__ = ("runtime", "span", "span_name", "overrides", "question", "answer", "contexts", "end_time", "deadline", "timeout", "span_context", "method", "_lock", "_done")
 
-    def __init__(self, state: "CallState", question: str, answer: str, contexts: Optional[list[str]], end_time: int):
-        self.state = state
-        self.runtime = state.runtime
-        settings = self.runtime.settings
+    def __init__(self, runtime: "Runtime", span: Any, span_name: str, overrides: dict, question: str, answer: str, contexts: Optional[list[str]], end_time: int):
+        self.runtime = runtime
+        self.span = span
+        self.span_name = span_name
+        self.overrides = overrides
+        settings = runtime.settings
         self.question = question[: settings.max_question_chars + 1] if isinstance(question, str) else question
         self.answer = answer[: settings.max_answer_chars + 1] if isinstance(answer, str) else answer
         self.contexts = contexts
         self.end_time = end_time
         self.deadline = time.monotonic() + settings.hold_timeout
         self.timeout = settings.evaluation_timeout
-        self.span_context = state.span.get_span_context()
+        self.span_context = span.get_span_context()
+        self.method = overrides.get("method", settings.method)
         self._lock = threading.Lock()
         self._done = False
 
     async def run(self) -> None:
         with suppressed_instrumentation():
-            result = await self.runtime.engine.ascore(self.question, self.answer, self.contexts, **self.state.options.overrides)
+            result = await self.runtime.engine.ascore(self.question, self.answer, self.contexts, **self.overrides)
         if result.ok:
             self._complete(Status.SCORED, result=result)
         else:
             self._complete(Status.ERROR, result=result, error=result.error, error_type=result.status)
 
     def finish(self, status: str, error: Optional[str] = None, reason: Optional[str] = None) -> None:
-        """Outcomes decided by the worker: dropped, timeout, shutdown, error."""
+        """Outcomes decided by the job queue: dropped, timeout, shutdown, error."""
         self._complete(status, error=error, reason=reason, error_type="internal" if status == Status.ERROR else None)
 
     def _complete(self, status: str, *, result: Optional[RelevancyResult] = None, error: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None) -> None:
@@ -104,97 +112,48 @@ class EvaluationJob:
             if self._done:
                 return
             self._done = True
-        runtime, state = self.runtime, self.state
+        runtime, span = self.runtime, self.span
         settings = runtime.settings
         capture = settings.capture_content
-        name = state.options.name
+        name = self.span_name
+        trace_hex, span_hex = format(self.span_context.trace_id, "032x"), format(self.span_context.span_id, "016x")
+        identifier = evaluation_id(trace_hex, span_hex, result.method if result is not None else self.method)
+        attrs: dict[str, Any] = {A.STATUS: status}
         try:
-            attrs: dict[str, Any] = {}
-            if result is not None:
-                attrs = result_attributes(result, capture_content=capture, limit=settings.max_content_chars)
-            attrs[A.STATUS] = status
-            if error and capture and A.ERROR not in attrs:
-                attrs[A.ERROR] = error
-            if error_type and A.ERROR_TYPE not in attrs:
-                attrs[A.ERROR_TYPE] = error_type
-            if reason:
-                attrs[A.STATUS_REASON] = reason
-            if settings.attach == "answer_span" or (status == Status.DROPPED and state.span.is_recording()):
-                span = state.span
-                span.set_attributes(attrs)
-                if result is not None:
-                    span.add_event(A.GEN_AI_EVALUATION_RESULT, evaluation_event(result), timestamp=self.end_time)
+            attrs = outcome_attributes(status, result, capture_content=capture, limit=settings.max_content_chars, evaluation=identifier, error=error, error_type=error_type, reason=reason)
+            if settings.attach == "answer_span" or (status == Status.DROPPED and span.is_recording()):
+                write_on_span(span, attrs, result, timestamp=self.end_time)
                 if settings.attach == "answer_span":
                     span.end(end_time=self.end_time)
             else:
-                self._emit_evaluation_span(attrs, result, status)
+                content = content_attributes(self.question, self.answer, None, settings.max_content_chars) if capture else None
+                emit_evaluator_span(runtime.otel_tracer, self.span_context, attrs, result, capture_content=capture, extra=content)
         except Exception:
             log_failure("writing a result failed", capture)
             if settings.attach == "answer_span":
                 try:
-                    state.span.end(end_time=self.end_time)
+                    span.end(end_time=self.end_time)
                 except Exception:
                     pass
         if result is not None and result.ok and runtime.annotations is not None:
             try:
-                from ..phoenix_annotations import annotation_for, evaluation_id
+                from ..phoenix_annotations import annotation_for
 
-                span_hex = format(self.span_context.span_id, "016x")
-                identifier = evaluation_id(format(self.span_context.trace_id, "032x"), span_hex, result.method)
                 annotation = annotation_for(result if capture else result.without_content(), span_hex, identifier, capture_content=capture)
                 if annotation is not None:
                     runtime.annotations.submit(annotation)
             except Exception:
                 log_failure("queueing a Phoenix annotation failed", capture)
-        version = result.evaluator_version if result is not None else None
         try:
-            label = result.label if (result is not None and result.ok) else None
-            runtime.metrics.count(name, status, label=label, reason=reason, error_type=error_type)
-            if result is not None:
-                runtime.metrics.record_result(name, result.score if result.ok else None, result.latency_ms / 1000.0, result.method, version)
-                if result.ok and runtime.drift is not None:
-                    runtime.drift.observe(name, float(result.score), evaluator_version=version)  # type: ignore[arg-type]
+            record_outcome(runtime.metrics, name, attrs, result)
+            if result is not None and result.ok and runtime.drift is not None:
+                runtime.drift.observe(name, float(result.score), evaluator_version=result.evaluator_version)  # type: ignore[arg-type]
         except Exception:
             log_failure("recording metrics failed", capture)
         hook = settings.on_result
         if hook is not None:
             try:
                 shown = result if (result is None or capture) else result.without_content()
-                hook(
-                    EvaluationOutcome(
-                        name,
-                        status,
-                        shown,
-                        format(self.span_context.trace_id, "032x"),
-                        format(self.span_context.span_id, "016x"),
-                        self.question if capture else None,
-                        self.answer if capture else None,
-                    )
-                )
+                hook(EvaluationOutcome(name, status, shown, trace_hex, span_hex, self.question if capture else None, self.answer if capture else None))
             except Exception:
                 log_failure("the on_result hook raised", capture)
-
-    def _emit_evaluation_span(self, attrs: dict, result: Optional[RelevancyResult], status: str) -> None:
-        settings = self.runtime.settings
-        parent = trace.set_span_in_context(NonRecordingSpan(self.span_context))
-        now = time.time_ns()
-        start = now - int((result.latency_ms if result is not None else 0.0) * 1e6)
-        attrs = {A.OPENINFERENCE_SPAN_KIND: A.SPAN_KIND_EVALUATOR, **attrs}
-        if settings.capture_content:
-            attrs.update(content_attributes(self.question, self.answer, None, settings.max_content_chars))
-        span = self.runtime.otel_tracer.start_span(
-            A.EVALUATION_NAME,
-            context=parent,
-            kind=SpanKind.INTERNAL,
-            links=[Link(self.span_context, {"relevancy.link": "evaluated_span"})],
-            start_time=start,
-            attributes=attrs,
-        )
-        if result is not None:
-            span.add_event(A.GEN_AI_EVALUATION_RESULT, evaluation_event(result), timestamp=now)
-        if status == Status.SCORED:
-            span.set_status(SpanStatus(StatusCode.OK))
-        else:
-            description = attrs.get(A.ERROR) if settings.capture_content else None
-            span.set_status(SpanStatus(StatusCode.ERROR, (description or attrs.get(A.ERROR_TYPE) or status)[:200]))
-        span.end(end_time=now)
