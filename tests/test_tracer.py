@@ -247,6 +247,45 @@ def test_async_generator_stream(tracing, otel):
     assert a[A.OUTPUT_VALUE] == ANSWER and a[A.STATUS] == "scored"
 
 
+def test_async_generator_delegates_asend_athrow_aclose_and_errors(tracing, otel):
+    error = RuntimeError("stream broke")
+
+    @relevancy_tracer.trace(name="astream")
+    async def stream(question: str):
+        sent = yield "first"
+        try:
+            yield f"got {sent}"
+        except KeyError:
+            yield "recovered"
+        raise error
+
+    @relevancy_tracer.trace(name="aclosed")
+    async def closed(question: str):
+        yield "a"
+        yield "b"
+
+    async def run():
+        gen = stream(QUESTION)
+        assert await gen.asend(None) == "first"
+        assert await gen.asend("x") == "got x"
+        assert await gen.athrow(KeyError("k")) == "recovered"
+        with pytest.raises(RuntimeError) as raised:
+            await gen.asend(None)
+        assert raised.value is error  # the app's exception object, unchanged
+        other = closed(QUESTION)
+        assert await other.__anext__() == "a"
+        await other.aclose()
+        with pytest.raises(StopAsyncIteration):
+            await other.__anext__()
+
+    asyncio.run(run())
+    assert relevancy_tracer.flush(10)
+    failed = only_span(otel, "astream")
+    assert failed.status.status_code == StatusCode.ERROR and attrs_of(failed)[A.STATUS] == "skipped"
+    a = attrs_of(only_span(otel, "aclosed"))
+    assert a[A.STATUS] == "incomplete" and a[A.STATUS_REASON] == "stream_closed_early"
+
+
 def test_function_returning_a_stream_of_openai_style_chunks(tracing, otel):
     class Delta:
         def __init__(self, content):
