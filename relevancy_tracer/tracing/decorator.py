@@ -77,7 +77,6 @@ class _Stream:
     async forms) and its closing: the call's span is current inside; on leaving, the end of the
     stream (``StopIteration`` / ``StopAsyncIteration``, suppressed) scores the call, and any
     other exception ends the span as failed and propagates unchanged.
-    :meth:`thrown_in` sorts what the consumer throws in at a ``yield``.
     """
 
     __slots__ = ("state", "ctx", "args", "kwargs", "instance", "stop", "ended", "value", "sent", "thrown", "_token")
@@ -107,14 +106,6 @@ class _Stream:
         if self.state is not None:
             self.state.add_chunk(_text_of(chunk))
         return chunk
-
-    def thrown_in(self, exc: BaseException) -> bool:
-        """The consumer threw ``exc`` in at a yield: True when it is to be forwarded to the
-        app's generator, False for ``GeneratorExit`` (the consumer closed the stream)."""
-        if isinstance(exc, GeneratorExit):
-            return False
-        self.thrown = exc
-        return True
 
     def closed(self) -> None:
         """The app's generator was closed before its end (a client disconnect)."""
@@ -153,13 +144,13 @@ def _traced_generator(inner: Any, begin: Callable[[], Optional[CallState]], args
             return stream.value
         try:
             stream.sent = yield stream.chunk(chunk)
-        except BaseException as exc:
-            if stream.thrown_in(exc):
-                continue
+        except GeneratorExit:  # the consumer closed the stream
             with stream:
                 inner.close()
             stream.closed()
             raise
+        except BaseException as exc:  # thrown in by the consumer: forwarded at the next resume
+            stream.thrown = exc
 
 
 async def _traced_async_generator(inner: Any, begin: Callable[[], Optional[CallState]], args: tuple, kwargs: dict, instance: Any) -> Any:
@@ -172,13 +163,13 @@ async def _traced_async_generator(inner: Any, begin: Callable[[], Optional[CallS
             return
         try:
             stream.sent = yield stream.chunk(chunk)
-        except BaseException as exc:
-            if stream.thrown_in(exc):
-                continue
+        except GeneratorExit:  # the consumer closed the stream
             with stream:
                 await inner.aclose()
             stream.closed()
             raise
+        except BaseException as exc:  # thrown in by the consumer: forwarded at the next resume
+            stream.thrown = exc
 
 
 def _wrap_stream(result: Any, state: CallState, args: tuple, kwargs: dict, instance: Any) -> Any:
