@@ -238,7 +238,7 @@ class PhoenixAnnotationSink:
                 ok = False
                 if not self._warned:
                     self._warned = True
-                    logger.warning("relevancy-tracer: writing Phoenix annotations failed (%s); counted in relevancy_tracer.phoenix sink stats", type(exc).__name__)
+                    logger.warning("relevancy-tracer: writing Phoenix annotations failed (%s); counted in the sink's stats", type(exc).__name__)
             with self._wake:
                 if ok:
                     self.sent += len(batch)

@@ -69,7 +69,7 @@ class JobQueue:
         queue_size: most jobs queued (not counting running ones); more are dropped.
         concurrency: most jobs running at once.
         name: name of the loop thread when the queue owns its loop.
-        loop: the loop engine to run on (default: a private one, stopped by :meth:`shutdown`).
+        loop: the background loop to run on (default: a private one, stopped by :meth:`shutdown`).
     """
 
     def __init__(self, *, queue_size: int = 1000, concurrency: int = 2, name: str = "relevancy-tracer-worker", loop: Optional[BackgroundLoop] = None):

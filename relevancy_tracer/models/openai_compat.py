@@ -87,7 +87,7 @@ register_loop_closer(close_clients_of_running_loop)
 class _ClientPool:
     """One ``AsyncOpenAI`` client per event loop.
 
-    An async HTTP client is bound to the loop it first ran on; the worker owns one long-lived
+    An async HTTP client is bound to the loop it first ran on; the package runs one long-lived
     loop (so it pools connections), while ``score()`` may run a fresh loop per call. Loops this
     package owns get the faster aiohttp transport, closed with the loop; a caller's own loop
     (``await ascore()`` under ``asyncio.run``) gets openai's default httpx transport, which

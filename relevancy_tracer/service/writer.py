@@ -12,7 +12,10 @@ For every scored span, as the decorator's ``evaluation_span`` mode writes it:
 * the decorator's metrics, with the scored app's ``service.name``;
 * optionally a Phoenix span annotation, upserted by evaluation id. Phoenix accepts it before
   answering and holds it until the scored span arrives (the app's exporter may be slower than
-  the service); a worker acknowledges a job only after these writes were accepted.
+  the service); a fleet worker acknowledges a job only after these writes were accepted.
+
+The attributes, evaluator span, event and metrics follow :mod:`relevancy_tracer.otel.results`,
+the decorator's own writer.
 """
 
 from __future__ import annotations

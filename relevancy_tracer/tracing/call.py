@@ -72,7 +72,7 @@ class TraceOptions:
     """Per-decoration options: span name, extraction rules, evaluation overrides.
 
     Attributes:
-        name: span name. extractor: the :class:`~relevancy_tracer.extraction.Extractor`.
+        name: span name. extractor: the :class:`~relevancy_tracer.tracing.extraction.Extractor`.
         overrides: per-function evaluation settings. bound: the decorated callable is a bound
         method (args exclude self). stream: wrap (async) generators *returned* by a sync or
         async function, scoring the joined chunks (opt-in: the iterator is replaced by a

@@ -9,7 +9,7 @@ signature, docstring, ``inspect`` flags and method binding. Around the call:
 * a span is started and made current, so the app's own child spans nest under it;
 * the wrapped function is called exactly once; its return value is passed back as the very same
   object, and its exceptions propagate unchanged (same object, args and traceback);
-* everything the tracer does sits in ``try/except Exception`` (see ``call.py``).
+* everything the tracer does sits in ``try/except Exception`` (see :mod:`.call`).
 
 What is never touched: a sync function that returns an awaitable, or a sync or async function
 that returns an iterator or generator, gets its return value back untouched (the call is not
@@ -315,7 +315,7 @@ def trace(
     Args:
         question, answer, contexts: where to find them: a parameter name, a dotted path
             (``"request.query"``, ``"return.answer"``), or ``fn(call: CallInfo) -> value``.
-            Defaults: see :mod:`relevancy_tracer.extraction`.
+            Defaults: see :mod:`relevancy_tracer.tracing.extraction`.
         name: span name (default: the function's qualified name).
         stream: also wrap (async) generators *returned* by a plain function and score the joined
             chunks (default False: a returned iterator is passed back untouched, not scored).

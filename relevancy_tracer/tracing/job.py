@@ -1,4 +1,5 @@
-"""The per-evaluation job: score one sampled call in the worker and write the result.
+"""The per-evaluation job: score one sampled call in the job queue and write the result
+(through :mod:`relevancy_tracer.otel.results`).
 
 Where a result goes (setting ``attach``):
 
@@ -16,7 +17,7 @@ hook. With content capture off nothing derived from the user's text leaves the j
 no generated questions, no error messages (type and status only), and the hook receives the
 result without its texts.
 
-A job finishes exactly once (a lock guards it): the worker may finish it (dropped, timeout,
+A job finishes exactly once (a lock guards it): the job queue may finish it (dropped, timeout,
 shutdown) while it runs.
 """
 
