@@ -48,10 +48,10 @@ from _paths import relative  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent))
 
-from relevancy_tracer.phoenix import evaluation_id  # noqa: E402
+from relevancy_tracer.otel import attributes as A  # noqa: E402
+from relevancy_tracer.otel.results import evaluation_id  # noqa: E402
 from relevancy_tracer.service.jobs import ScoreRequest  # noqa: E402
 from relevancy_tracer.service.queue import DONE_PREFIX, STREAM, RedisStreamQueue  # noqa: E402
-from relevancy_tracer.service.writer import EVALUATED_SPAN_NAME, QUEUE_WAIT_MS  # noqa: E402
 from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver, RedisServer  # noqa: E402
 
 CLI = str(Path(sys.executable).parent / "relevancy-tracer")
@@ -126,7 +126,7 @@ def scaling_run(n: int, jobs: int, redis_url: str, model: FakeOpenAIServer, back
     finally:  # a failed run must not leave workers behind
         stop_fleet(procs)
     spans = backend.wait_for_spans(lambda s: sum(1 for x in s if _run_of(x) == span_name) >= jobs, timeout=30)
-    waits = np.asarray([s["attributes"][QUEUE_WAIT_MS] for s in spans if _run_of(s) == span_name], dtype=float)
+    waits = np.asarray([s["attributes"][A.QUEUE_WAIT_MS] for s in spans if _run_of(s) == span_name], dtype=float)
     queue.close()
     client.close()
     return {
@@ -140,7 +140,7 @@ def scaling_run(n: int, jobs: int, redis_url: str, model: FakeOpenAIServer, back
 
 
 def _run_of(span: dict) -> Optional[str]:
-    return span["attributes"].get(EVALUATED_SPAN_NAME)
+    return span["attributes"].get(A.EVALUATED_SPAN_NAME)
 
 
 def export_request(spans: list[tuple[str, str, int]]) -> bytes:

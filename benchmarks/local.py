@@ -149,7 +149,7 @@ class CountingProxy(_Server):
 def start_llama_server(gguf: Path, threads: int, n_ctx: int, log_path: Path) -> tuple[subprocess.Popen, str]:
     """llama-cpp-python's OpenAI-compatible server on a free port, its output in ``log_path``;
     waits until it answers."""
-    from relevancy_tracer._phoenix import free_port
+    from relevancy_tracer._phoenix_server import free_port
 
     port = free_port()
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")

@@ -174,7 +174,7 @@ def latency(args) -> dict:
 
 def forked_child(mode: str, workers: int, answers: int) -> dict:
     import relevancy_tracer
-    from relevancy_tracer import lifecycle
+    from relevancy_tracer.tracing import lifecycle
 
     done: list = []
     event = threading.Event()
@@ -189,7 +189,7 @@ def forked_child(mode: str, workers: int, answers: int) -> dict:
         raise SystemExit("warm-up evaluation did not finish")
     host_pid = None
     if mode == "host":
-        from relevancy_tracer.models import host_connection
+        from relevancy_tracer.scoring.backends import host_connection
 
         host_pid = host_connection(lifecycle.current().settings).info()["pid"]
     pairs = iter(PAIRS)

@@ -325,7 +325,7 @@ def stats(samples: array) -> dict:
 
 def rt_counts() -> Optional[dict]:
     """relevancy-tracer's per-status call counts and queue depth (which path was timed)."""
-    from relevancy_tracer import lifecycle
+    from relevancy_tracer.tracing import lifecycle
 
     current = lifecycle._current
     if current is None:
@@ -334,7 +334,7 @@ def rt_counts() -> Optional[dict]:
     for (_, status, _, reason, _, _), value in current.metrics.counts().items():
         key = status + (f":{reason}" if reason else "")
         counts[key] = counts.get(key, 0) + value
-    return {"statuses": counts, "queue_depth": current.worker.depth}
+    return {"statuses": counts, "queue_depth": current.jobs.depth}
 
 
 def child_timing(variant: str, rounds: int, block: int, warmup: int, profile: Optional[str]) -> dict:

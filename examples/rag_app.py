@@ -34,7 +34,7 @@ import numpy as np
 
 import relevancy_tracer
 from relevancy_tracer.config import Settings
-from relevancy_tracer.models import build_embedder
+from relevancy_tracer.scoring.backends import build_embedder
 
 #: Questions the reference answers, and questions it cannot (a careful app says it does not know).
 QUESTIONS = (
@@ -93,7 +93,7 @@ def _app_llm():
     its own, with ``RAG_APP_THREADS`` CPU threads (default: all cores)."""
     global _generator_model
     if _generator_model is None:
-        from relevancy_tracer.models import build_llm
+        from relevancy_tracer.scoring.backends import build_llm
 
         settings = Settings.resolve(llm="local", llm_model="qwen2.5-coder-1.5b")
         if settings.local_host:

@@ -22,19 +22,18 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from . import runtime
+from .tracing import lifecycle
 from .config import Settings
 from .dataset import ColumnMapping
-from .decorator import instrument, trace
-from .drift import DriftEvent, DriftMonitor
-from .extraction import CallInfo
+from .tracing.decorator import instrument, trace
+from .tracing.drift import DriftEvent, DriftMonitor
+from .tracing.extraction import CallInfo
 from .result import RelevancyResult, Status
-from .sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler
-from .job import EvaluationOutcome
-from .lifecycle import configure, flush, shutdown
+from .tracing.sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler
+from .tracing.job import EvaluationOutcome
+from .tracing.lifecycle import configure, flush, shutdown
 from .scoring.engine import Engine
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def score(question: Any, answer: Any, contexts: Any = None, **overrides: Any) -> RelevancyResult:
@@ -52,12 +51,12 @@ def score(question: Any, answer: Any, contexts: Any = None, **overrides: Any) ->
     Raises:
         TypeError, ValueError: an unknown override or an out-of-range override value.
     """
-    return runtime.get_engine().score(question, answer, contexts, **overrides)
+    return lifecycle.get_engine().score(question, answer, contexts, **overrides)
 
 
 async def ascore(question: Any, answer: Any, contexts: Any = None, **overrides: Any) -> RelevancyResult:
     """Async :func:`score`."""
-    return await runtime.get_engine().ascore(question, answer, contexts, **overrides)
+    return await lifecycle.get_engine().ascore(question, answer, contexts, **overrides)
 
 
 def evaluate(
@@ -75,14 +74,12 @@ def evaluate(
     Returns ``list[RelevancyResult]`` in row order, or a pandas DataFrame with
     ``as_dataframe=True``. Never raises for bad rows: they get status ``invalid_input``.
     """
-    return runtime.get_engine().evaluate(rows, concurrency=concurrency, as_dataframe=as_dataframe, mapping=mapping, **overrides)
+    return lifecycle.get_engine().evaluate(rows, concurrency=concurrency, as_dataframe=as_dataframe, mapping=mapping, **overrides)
 
 
 def drift_monitor() -> Optional[DriftMonitor]:
     """The current tracer's drift monitor (None when ``drift_detection`` is off or after
     ``shutdown()``)."""
-    from . import lifecycle
-
     runtime = lifecycle.current()
     return runtime.drift if runtime is not None else None
 

@@ -29,7 +29,7 @@ from .config import GENERATION_MODES, NONCOMMITTAL_RULES, Settings, settings_tab
 from .dataset import ColumnMapping, InputRow, RowWriter, read_rows, same_file, write_atomically
 from .result import RelevancyResult, Status
 from ._logging import mask_credentials, mask_credentials_in
-from ._loop import process_loop
+from ._background.loop import process_loop
 from .scoring.engine import Engine
 from .scoring.methods import METHODS
 

@@ -370,7 +370,7 @@ class Settings:
     join_ttl: float = setting(30.0, "float", "s", "`serve`: how long half of a GenAI call waits for its other half: a span whose content travels as OTLP log events (`gen_ai.user.message`, `gen_ai.choice`, `gen_ai.client.inference.operation.details`), or those events waiting for their span. Expired halves are counted by reason (`relevancy.service.join.expired`).", float, _check_number(0.001), normalise=_as_float)
     join_max_entries: int = setting(10_000, "int", "calls", "`serve`: most half-joined GenAI calls held at once (their held text is also bounded, by 4 x `max_request_bytes` characters); the oldest is dropped and counted (reason `evicted`) to make room.", int, _check_number(1, 10_000_000, integer=True))
     setup_otel: bool = setting(True, "bool", "", "When the app has no TracerProvider/MeterProvider, `configure()` installs SDK ones with OTLP exporters from the standard OTEL_* variables.", _parse_bool, _check_bool)
-    drift_detection: bool = setting(True, "bool", "", "Run the in-process drift detector on scores (see `relevancy_tracer.drift`).", _parse_bool, _check_bool)
+    drift_detection: bool = setting(True, "bool", "", "Run the in-process drift detector on scores (see `relevancy_tracer.tracing.drift`; its log records go to the logger `relevancy_tracer.drift`).", _parse_bool, _check_bool)
 
 
     # ------------------------------------------------------------------ construction

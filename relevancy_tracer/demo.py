@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import relevancy_tracer
 
-from ._phoenix import PhoenixServer, free_port, port_is_free
+from ._phoenix_server import PhoenixServer, free_port, port_is_free
 from .config import Settings
 
 PROJECT = "relevancy-tracer-demo"

@@ -36,18 +36,6 @@ class Status:
     INCOMPLETE = "incomplete"  # a stream closed before its end (not scored by default)
     CANCELLED = "cancelled"  # the call was cancelled (CancelledError, GeneratorExit): not an error
 
-    ENGINE_FAILURES = (
-        INVALID_INPUT,
-        INVALID_JSON,
-        TOO_FEW_QUESTIONS,
-        UNREADABLE_SCORE,
-        EMBEDDING_ERROR,
-        MODEL_ERROR,
-        MODEL_HOST_CRASHED,
-        TIMEOUT,
-        INTERNAL_ERROR,
-    )
-
 
 #: Seed 000's explanations, from the highest band to the lowest.
 LABELS = (

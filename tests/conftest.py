@@ -173,7 +173,7 @@ def finished_spans(otel, name=None):
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory):
     """A Phoenix server (OTLP/HTTP and gRPC, REST API, UI) on free ports, one per test module."""
-    from relevancy_tracer._phoenix import PhoenixServer, free_port
+    from relevancy_tracer._phoenix_server import PhoenixServer, free_port
 
     server = PhoenixServer(free_port(), free_port(), tmp_path_factory.mktemp("phoenix"))
     server.start()

@@ -360,7 +360,7 @@ def test_calibrate_stopped_by_sigterm_keeps_the_old_calibration(tmp_path):
 @pytest.mark.parametrize("content", [b'{"cursor": "abc', b"\xff\xfe", b"[1, 2]"], ids=["truncated", "not-utf8", "not-an-object"])
 def test_backfill_with_an_unreadable_state_file_is_a_clean_error(server, tmp_path, content):
     """The state is read before Phoenix is contacted (nothing listens on the port given)."""
-    from relevancy_tracer._phoenix import free_port
+    from relevancy_tracer._phoenix_server import free_port
 
     state = tmp_path / "cursor.json"
     state.write_bytes(content)

@@ -154,7 +154,7 @@ def test_weight_repacking_is_off_where_the_cpu_reports_amx():
 
 
 def test_local_repack_setting_reaches_the_model(monkeypatch):
-    from relevancy_tracer.models import build_llm
+    from relevancy_tracer.scoring.backends import build_llm
 
     monkeypatch.setenv("RELEVANCY_TRACER_LOCAL_REPACK", "off")
     settings = Settings.resolve(llm="local")

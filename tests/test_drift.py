@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from relevancy_tracer.drift import DriftDetector, DriftMonitor
+from relevancy_tracer.tracing.drift import DriftDetector, DriftMonitor
 
 
 def scores(mean, n, rng, spread=0.05):

@@ -298,15 +298,15 @@ def test_evaluate_as_dataframe(server, engine):
 
 def test_public_api_uses_configured_engine(server):
     import relevancy_tracer
-    from relevancy_tracer import runtime
+    from relevancy_tracer.tracing import lifecycle
 
-    runtime.set_settings(openai_settings(server))
+    lifecycle.set_settings(openai_settings(server))
     try:
         result = relevancy_tracer.score(Q, GOOD)
         assert result.status == Status.SCORED
         assert [r.status for r in relevancy_tracer.evaluate([{"question": Q, "answer": GOOD}])] == ["scored"]
     finally:
-        runtime.reset()
+        lifecycle.reset()
 
 
 def test_ascore_on_the_callers_loops_leaves_no_http_session_open(server):

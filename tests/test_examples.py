@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.request
 
-from relevancy_tracer._phoenix import free_port
+from relevancy_tracer._phoenix_server import free_port
 from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
 
 from .conftest import ROOT, WIKIEVAL, fake_model_env, subprocess_env

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
 import relevancy_tracer
-from relevancy_tracer import lifecycle
+from relevancy_tracer.tracing import lifecycle
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.testing import Hang, OTLPReceiver
 
@@ -346,7 +346,7 @@ def test_configure_with_phoenix_url_but_no_httpx_warns_and_traces(tracing, otel,
 
 
 def test_thread_start_failure_drops_with_a_reason_and_ends_spans(tracing, otel, server, monkeypatch):
-    import relevancy_tracer._loop as loop_module
+    import relevancy_tracer._background.loop as loop_module
 
     loop_module.process_loop().stop(5)  # the loop's thread must be started again
 
@@ -530,7 +530,7 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
 @pytest.mark.phoenix
 def test_sigterm_stops_the_demo_and_the_phoenix_server_it_started(server, tmp_path):
     psutil = pytest.importorskip("psutil")
-    from relevancy_tracer._phoenix import free_port
+    from relevancy_tracer._phoenix_server import free_port
 
     env = subprocess_env(fake_model_env(server), RELEVANCY_TRACER_METHOD="ragas", PHOENIX_PORT=str(free_port()), PHOENIX_WORKING_DIR=str(tmp_path / "phoenix"))
     proc = subprocess.Popen([sys.executable, "-m", "relevancy_tracer.cli", "demo", "--extractive", "--keep-running"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)

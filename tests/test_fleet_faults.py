@@ -26,9 +26,8 @@ import pytest
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer.phoenix import evaluation_id
+from relevancy_tracer.otel.results import evaluation_id
 from relevancy_tracer.service.jobs import ScoreRequest
-from relevancy_tracer.service.writer import EVALUATION_ID
 from relevancy_tracer.testing import RedisServer, Status
 
 from ._observability import wait_until
@@ -103,7 +102,7 @@ def evaluations_by_id(backend, expected: int) -> dict[str, list[dict]]:
     spans = evaluator_spans(backend.wait_for_spans(lambda s: len(evaluator_spans(s)) >= expected, timeout=30))
     out: dict[str, list[dict]] = {}
     for span in spans:
-        out.setdefault(span["attributes"][EVALUATION_ID], []).append(span)
+        out.setdefault(span["attributes"][A.EVALUATION_ID], []).append(span)
     return out
 
 

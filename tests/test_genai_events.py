@@ -416,7 +416,7 @@ def test_fleet_a_sigkilled_serve_loses_no_joined_call_it_acknowledged(server, ba
     `serve` with SIGKILL right after leaves the job there for the workers."""
     import redis
 
-    from relevancy_tracer.phoenix import evaluation_id
+    from relevancy_tracer.otel.results import evaluation_id
     from relevancy_tracer.service.jobs import ScoreRequest
     from relevancy_tracer.service.queue import STREAM
     from relevancy_tracer.testing import RedisServer

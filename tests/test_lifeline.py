@@ -132,7 +132,7 @@ def test_a_native_crash_in_a_command_is_reported_as_such():
 def test_sigkill_of_the_demo_leaves_no_phoenix_behind(server, tmp_path):
     """`relevancy-tracer demo` starts Phoenix, then is killed with SIGKILL (no cleanup code can
     run): the Phoenix server and everything it started end too."""
-    from relevancy_tracer._phoenix import free_port
+    from relevancy_tracer._phoenix_server import free_port
 
     port = free_port()
     env = subprocess_env(fake_model_env(server), PHOENIX_PORT=str(port), PHOENIX_WORKING_DIR=str(tmp_path / "phoenix"))

@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 import relevancy_tracer
-from relevancy_tracer import lifecycle
+from relevancy_tracer.tracing import lifecycle
 from relevancy_tracer.config import Settings
-from relevancy_tracer.models import build_models, host_connection
+from relevancy_tracer.scoring.backends import build_models, host_connection
 from relevancy_tracer.models.host import HostConnection, ModelHostError
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.testing import HOLD_FILE_ENV
@@ -147,7 +147,7 @@ CLIENT = textwrap.dedent(
     """
     import asyncio, json, sys, time
     from relevancy_tracer.config import Settings
-    from relevancy_tracer.models import build_models
+    from relevancy_tracer.scoring.backends import build_models
     models = build_models(Settings.resolve())
     start = float(sys.argv[1])
     while time.time() < start:  # start together
@@ -194,8 +194,8 @@ FORKED = textwrap.dedent(
     """
     import json, os, sys
     import relevancy_tracer
-    from relevancy_tracer import lifecycle
-    from relevancy_tracer.models import host_connection
+    from relevancy_tracer.tracing import lifecycle
+    from relevancy_tracer.scoring.backends import host_connection
 
     results, errors = [], []
     def on_result(outcome):
@@ -255,7 +255,7 @@ def test_configuring_the_local_default_loads_nothing_in_the_app(cache):
     code = textwrap.dedent(
         """
         import sys, relevancy_tracer
-        from relevancy_tracer import lifecycle
+        from relevancy_tracer.tracing import lifecycle
         settings = relevancy_tracer.configure(llm="local", embeddings="local", setup_otel=False)
         models = lifecycle.current().engine.models
         print(type(models.llm).__name__, type(models.embedder).__name__, "llama_cpp" in sys.modules, models.llm.connection.starts)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from relevancy_tracer._phoenix import PhoenixServer, free_port
+from relevancy_tracer._phoenix_server import PhoenixServer, free_port
 from relevancy_tracer.testing import FakeOpenAIServer
 
 from .conftest import ROOT, fake_model_env, subprocess_env
@@ -168,7 +168,7 @@ def test_scores_become_phoenix_span_annotations_upserted_by_evaluation_id(phoeni
     """With ``phoenix_url`` set, each scored span gets one ``answer_relevancy`` annotation (the
     badge Phoenix shows in its trace tree); writing it again with the same evaluation id
     replaces it; with content capture off its metadata holds no generated question."""
-    from relevancy_tracer.phoenix import ANNOTATION_NAME, PhoenixClient
+    from relevancy_tracer.phoenix_annotations import ANNOTATION_NAME, PhoenixClient
 
     project = f"annotations-{capture}"
     spans = run_annotated_app(phoenix, server, project, capture)
@@ -204,7 +204,7 @@ def test_scores_become_phoenix_span_annotations_upserted_by_evaluation_id(phoeni
 def test_backfill_scores_stored_spans_once_and_a_second_run_scores_nothing(phoenix, server, tmp_path):
     """200 spans of an app that never imported this package, stored in Phoenix: `backfill`
     annotates every one; run again, it finds them annotated and scores nothing."""
-    from relevancy_tracer.phoenix import ANNOTATION_NAME, PhoenixClient
+    from relevancy_tracer.phoenix_annotations import ANNOTATION_NAME, PhoenixClient
 
     from .test_service import run_otel_only_app
 
@@ -236,7 +236,7 @@ def test_backfill_stopped_by_sigterm_annotates_what_it_finished_and_the_next_run
     run exits 143 saying it was interrupted, and the next run scores only the rest."""
     import signal
 
-    from relevancy_tracer.phoenix import PhoenixClient
+    from relevancy_tracer.phoenix_annotations import PhoenixClient
 
     from .test_service import run_otel_only_app
 
@@ -276,7 +276,7 @@ def test_phoenix_trace_tree_shows_the_annotation_badge(phoenix, server, tmp_path
     examples/phoenix-annotation.png), else into the test's temp dir."""
     from playwright.sync_api import sync_playwright
 
-    from relevancy_tracer.phoenix import PhoenixClient
+    from relevancy_tracer.phoenix_annotations import PhoenixClient
 
     span = run_annotated_app(phoenix, server, "annotation-badge", "true")[0]
     client = PhoenixClient(phoenix.url)

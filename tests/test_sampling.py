@@ -7,7 +7,7 @@ import random
 import pytest
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
-from relevancy_tracer.sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler, build_sampler
+from relevancy_tracer.tracing.sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler, build_sampler
 
 
 def ctx(trace_id=0, **kw):

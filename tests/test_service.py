@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer.service.writer import EVALUATION_ID
 from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver, RedisServer
 
 from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env
@@ -107,7 +106,7 @@ def test_serve_scores_openinference_and_genai_spans_of_an_app_that_never_imports
         span = by_parent[(trace_id, span_id)]  # in the scored span's trace, its child, linked to it
         assert span["links"][0]["span_id"] == span_id and span["resource"]["openinference.project.name"] == "otel-only"
         assert span["attributes"][A.STATUS] == "scored" and 0 <= span["attributes"][A.SCORE] <= 1
-        assert len(span["attributes"][EVALUATION_ID]) == 32
+        assert len(span["attributes"][A.EVALUATION_ID]) == 32
     # GenAI: the question is the last user text part (the system prompt is not), the answer the assistant's text
     embedded = json.dumps([r["input"] for r in server.requests_to("embeddings")])
     generated_from = json.dumps([r["messages"] for r in server.requests_to("chat")])
@@ -191,7 +190,7 @@ def test_fleet_of_three_workers_loses_no_job_when_one_is_killed(server, backend,
     """serve --queue puts jobs on a Redis Stream; three worker processes consume it as one
     group; one is killed with SIGKILL mid-run; its taken jobs are reclaimed; every span is
     scored, recorded done, and carries exactly one annotation in Phoenix."""
-    from relevancy_tracer.phoenix import ANNOTATION_NAME, PhoenixClient
+    from relevancy_tracer.phoenix_annotations import ANNOTATION_NAME, PhoenixClient
 
     import redis
 
@@ -220,7 +219,7 @@ def test_fleet_of_three_workers_loses_no_job_when_one_is_killed(server, backend,
             assert worker.wait(30) == 0
         service.stop(10)
         server.chat_delay = server.embedding_delay = 0.0
-    spans = backend.wait_for_spans(lambda s: {x["attributes"].get(EVALUATION_ID) for x in evaluator_spans(s)} >= done and len(done) == 60, timeout=30)
+    spans = backend.wait_for_spans(lambda s: {x["attributes"].get(A.EVALUATION_ID) for x in evaluator_spans(s)} >= done and len(done) == 60, timeout=30)
     scored = {(s["trace_id"], s["parent_span_id"]) for s in evaluator_spans(spans) if s["attributes"][A.STATUS] == "scored"}
     assert {(t, s) for _, t, s in ids} == scored and len(done) == 60
     outputs = [(tmp_path / f"worker{i}.log").read_text() for i in (1, 2)]

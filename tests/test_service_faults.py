@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from relevancy_tracer._phoenix import free_port
+from relevancy_tracer._phoenix_server import free_port
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
 

@@ -14,6 +14,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import relevancy_tracer
 from relevancy_tracer import CallInfo
 from relevancy_tracer.otel import attributes as A
+from relevancy_tracer.otel.results import evaluation_id
 from relevancy_tracer.testing import Hang
 
 from .conftest import finished_spans
@@ -61,6 +62,10 @@ def test_sync_function_span_carries_the_result(tracing, otel, server):
     assert event.attributes[A.GEN_AI_EVALUATION_SCORE_VALUE] == a[A.SCORE]
     assert event.attributes[A.GEN_AI_EVALUATION_SCORE_LABEL] == a[A.LABEL]
     assert event.attributes[A.GEN_AI_EVALUATION_EXPLANATION] == a[A.EXPLANATION]
+    # the id the service and the Phoenix annotation use for the same span and method
+    expected_id = evaluation_id(format(span.context.trace_id, "032x"), format(span.context.span_id, "016x"), a[A.METHOD])
+    assert a[A.EVALUATION_ID] == event.attributes[A.EVALUATION_ID] == expected_id
+    assert event.attributes[A.EVALUATOR_VERSION] == a[A.EVALUATOR_VERSION]
     assert server.requests_to("embeddings")[0]["input"][0] == QUESTION
 
 
@@ -240,6 +245,45 @@ def test_async_generator_stream(tracing, otel):
     assert relevancy_tracer.flush(10)
     a = attrs_of(only_span(otel, "test_async_generator_stream.<locals>.stream"))
     assert a[A.OUTPUT_VALUE] == ANSWER and a[A.STATUS] == "scored"
+
+
+def test_async_generator_delegates_asend_athrow_aclose_and_errors(tracing, otel):
+    error = RuntimeError("stream broke")
+
+    @relevancy_tracer.trace(name="astream")
+    async def stream(question: str):
+        sent = yield "first"
+        try:
+            yield f"got {sent}"
+        except KeyError:
+            yield "recovered"
+        raise error
+
+    @relevancy_tracer.trace(name="aclosed")
+    async def closed(question: str):
+        yield "a"
+        yield "b"
+
+    async def run():
+        gen = stream(QUESTION)
+        assert await gen.asend(None) == "first"
+        assert await gen.asend("x") == "got x"
+        assert await gen.athrow(KeyError("k")) == "recovered"
+        with pytest.raises(RuntimeError) as raised:
+            await gen.asend(None)
+        assert raised.value is error  # the app's exception object, unchanged
+        other = closed(QUESTION)
+        assert await other.__anext__() == "a"
+        await other.aclose()
+        with pytest.raises(StopAsyncIteration):
+            await other.__anext__()
+
+    asyncio.run(run())
+    assert relevancy_tracer.flush(10)
+    failed = only_span(otel, "astream")
+    assert failed.status.status_code == StatusCode.ERROR and attrs_of(failed)[A.STATUS] == "skipped"
+    a = attrs_of(only_span(otel, "aclosed"))
+    assert a[A.STATUS] == "incomplete" and a[A.STATUS_REASON] == "stream_closed_early"
 
 
 def test_function_returning_a_stream_of_openai_style_chunks(tracing, otel):
@@ -483,6 +527,7 @@ def test_evaluation_span_mode(tracing, otel):
     assert [link.context.span_id for link in evaluator.links] == [answer_span.context.span_id]
     assert evaluator.status.status_code == StatusCode.OK
     assert [e.name for e in evaluator.events] == [A.GEN_AI_EVALUATION_RESULT]
+    assert a[A.EVALUATION_ID] == evaluation_id(format(answer_span.context.trace_id, "032x"), format(answer_span.context.span_id, "016x"), a[A.METHOD])
 
 
 def test_flush_waits_and_times_out(tracing, otel, server):
@@ -509,8 +554,8 @@ def test_caller_never_waits_for_the_model(tracing, otel, server):
         return ANSWER
 
     answer(QUESTION)
-    tracer = relevancy_tracer.lifecycle.current()
-    assert tracer.worker.depth == 1  # returned while its evaluation is still pending
+    tracer = relevancy_tracer.tracing.lifecycle.current()
+    assert tracer.jobs.depth == 1  # returned while its evaluation is still pending
     relevancy_tracer.shutdown(0.5)
 
 
@@ -529,7 +574,7 @@ def test_full_queue_drops_and_ends_spans_at_once(tracing, otel, server):
     assert len(dropped) >= 3  # 1 running + 2 queued at most; the rest ended at once
     for span in dropped:
         a = attrs_of(span)
-        assert a[A.STATUS] == "dropped" and a[A.DROP_REASON] == "queue_full"
+        assert a[A.STATUS] == "dropped" and a[A.STATUS_REASON] == "queue_full"
     relevancy_tracer.shutdown(0.5)
     spans = finished_spans(otel, "busy")
     assert len(spans) == 6 and len({s.context.span_id for s in spans}) == 6  # each ended exactly once
@@ -660,7 +705,7 @@ def test_settings_from_environment(monkeypatch, tracing, otel, server):
 
     answer(QUESTION)
     assert attrs_of(only_span(otel, "env"))[A.STATUS] == "not_sampled"
-    assert relevancy_tracer.lifecycle.current().settings.strictness == 3
+    assert relevancy_tracer.tracing.lifecycle.current().settings.strictness == 3
 
 
 def test_call_info_is_available_to_callables(tracing, otel):

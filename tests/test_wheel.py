@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from relevancy_tracer._phoenix import free_port
+from relevancy_tracer._phoenix_server import free_port
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.testing import OTLPReceiver
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from relevancy_tracer.result import Status
-from relevancy_tracer.worker import Worker
+from relevancy_tracer._background.jobqueue import JobQueue
 
 
 class FakeJob:
@@ -39,7 +39,7 @@ class FakeJob:
 
 
 def test_runs_jobs_and_flush_waits_for_them():
-    worker = Worker(queue_size=10, concurrency=2)
+    worker = JobQueue(queue_size=10, concurrency=2)
     jobs = [FakeJob(work=0.05) for _ in range(5)]
     assert all(worker.submit(j) for j in jobs)
     assert worker.flush(5) and worker.depth == 0
@@ -48,7 +48,7 @@ def test_runs_jobs_and_flush_waits_for_them():
 
 
 def test_submit_never_blocks_and_drops_when_full():
-    worker = Worker(queue_size=3, concurrency=1)
+    worker = JobQueue(queue_size=3, concurrency=1)
     jobs = [FakeJob(hang=True) for _ in range(10)]
     accepted = [worker.submit(j) for j in jobs]
     assert jobs[0].started.wait(5)
@@ -64,7 +64,7 @@ def test_submit_never_blocks_and_drops_when_full():
 
 
 def test_concurrency_limit():
-    worker = Worker(queue_size=100, concurrency=3)
+    worker = JobQueue(queue_size=100, concurrency=3)
     running, peak, lock = [0], [0], threading.Lock()
 
     class Counting(FakeJob):
@@ -84,7 +84,7 @@ def test_concurrency_limit():
 
 
 def test_running_job_deadline_and_queued_job_expiry():
-    worker = Worker(queue_size=10, concurrency=1)
+    worker = JobQueue(queue_size=10, concurrency=1)
     slow = FakeJob(hang=True, timeout=0.2)
     waiting = FakeJob(hold=0.1)
     worker.submit(slow)
@@ -95,7 +95,7 @@ def test_running_job_deadline_and_queued_job_expiry():
 
 
 def test_failing_job_is_an_error_and_the_worker_survives():
-    worker = Worker(queue_size=10, concurrency=1)
+    worker = JobQueue(queue_size=10, concurrency=1)
     bad, good = FakeJob(fail=True), FakeJob()
     worker.submit(bad)
     worker.submit(good)
@@ -105,7 +105,7 @@ def test_failing_job_is_an_error_and_the_worker_survives():
 
 
 def test_flush_times_out_and_shutdown_finishes_everything():
-    worker = Worker(queue_size=10, concurrency=1)
+    worker = JobQueue(queue_size=10, concurrency=1)
     gate = threading.Event()
     jobs = [FakeJob(gate=gate) for _ in range(3)]
     for job in jobs:
@@ -118,7 +118,7 @@ def test_flush_times_out_and_shutdown_finishes_everything():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_worker_restarts_in_a_forked_child():
-    worker = Worker(queue_size=10, concurrency=1)
+    worker = JobQueue(queue_size=10, concurrency=1)
     parent_job = FakeJob(work=0.01)
     worker.submit(parent_job)
     assert worker.flush(5)

@@ -59,7 +59,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .. import _fork
+from .._background import fork as _fork
 from .base import ChatReply, EmbeddingReply, ModelError
 
 logger = logging.getLogger("relevancy_tracer")

@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .. import _fork
+from .._background import fork as _fork
 from .base import EmbeddingReply, ModelError
 
 LOCAL_EMBEDDERS = ("use-multilingual-v3", "multilingual-e5-small", "all-minilm-l6-v2")

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .. import _fork
+from .._background import fork as _fork
 from .base import ChatReply, ModelError
 from .local_decoding import DecodeCancelled, Decoder, DecodeRequest, DecodeStats, JSONScanner, candidate_probabilities, json_prefix, no_copy_processor
 

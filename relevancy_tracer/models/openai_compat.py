@@ -21,8 +21,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .. import _fork
-from .._loop import is_owned_loop, register_loop_closer
+from .._background import fork as _fork
+from .._background.loop import is_owned_loop, register_loop_closer
 from .base import ChatReply, EmbeddingReply, ModelError
 
 logger = logging.getLogger("relevancy_tracer")
@@ -87,7 +87,7 @@ register_loop_closer(close_clients_of_running_loop)
 class _ClientPool:
     """One ``AsyncOpenAI`` client per event loop.
 
-    An async HTTP client is bound to the loop it first ran on; the worker owns one long-lived
+    An async HTTP client is bound to the loop it first ran on; the package runs one long-lived
     loop (so it pools connections), while ``score()`` may run a fresh loop per call. Loops this
     package owns get the faster aiohttp transport, closed with the loop; a caller's own loop
     (``await ascore()`` under ``asyncio.run``) gets openai's default httpx transport, which

@@ -54,7 +54,14 @@ EXTRACTION_ERROR = "relevancy.extraction.error"
 #: abandoned_stream (skipped), stream_closed_early (incomplete), CancelledError / GeneratorExit
 #: (cancelled).
 STATUS_REASON = "relevancy.status.reason"
-DROP_REASON = STATUS_REASON  # earlier name of the same attribute
+#: The evaluation's id: 32 hex digits, a hash of (trace id, span id, method); also the Phoenix
+#: annotation's identifier.
+EVALUATION_ID = "relevancy.evaluation.id"
+#: The service's: milliseconds the job waited between the receiver taking the span and its
+#: scoring starting.
+QUEUE_WAIT_MS = "relevancy.queue.wait_ms"
+#: The service's: the name of the span an EVALUATOR span scores.
+EVALUATED_SPAN_NAME = "relevancy.evaluated_span.name"
 
 # --- metric instruments and their attributes
 METRIC_SCORE = "relevancy.score"

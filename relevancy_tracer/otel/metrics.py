@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from opentelemetry import metrics
 
-from .. import _fork
+from .._background import fork as _fork
 from . import attributes as A
 
 
@@ -65,7 +65,7 @@ class RelevancyMetrics:
             A.METRIC_QUEUE_DEPTH,
             callbacks=[self._observe_depth],
             unit="{evaluation}",
-            description="Evaluations queued or running in the background worker",
+            description="Evaluations queued or running in the background job queue",
         )
 
     def _renew_after_fork(self) -> None:

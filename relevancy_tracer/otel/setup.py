@@ -38,6 +38,7 @@ from .metrics import score_views
 logger = logging.getLogger("relevancy_tracer")
 
 TRACE_EXPORTERS = ("otlp", "console", "none")
+LOG_EXPORTERS = ("otlp", "console", "none")
 METRIC_EXPORTERS = ("otlp", "prometheus", "console", "none")
 
 
@@ -46,12 +47,17 @@ def sdk_disabled() -> bool:
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
-def _protocol(signal: str) -> str:
+def otlp_protocol(signal: str) -> str:
+    """The OTLP protocol of ``signal`` (``TRACES``, ``METRICS``, ``LOGS``): the signal's
+    ``OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL``, else
+    ``http/protobuf``; lowercase."""
     value = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
     return value.strip().lower()
 
 
-def _exporter_names(variable: str, known: tuple[str, ...], problems: list[str]) -> list[str]:
+def exporter_names(variable: str, known: tuple[str, ...], problems: list[str]) -> list[str]:
+    """The exporter names in the comma-separated ``variable`` (default ``otlp``), lowercase; a
+    name not in ``known`` is left out and described in ``problems``."""
     names = []
     for name in (n.strip().lower() for n in os.environ.get(variable, "otlp").split(",")):
         if not name:
@@ -141,12 +147,13 @@ class OwnedProviders:
         return bounded(run, timeout_s)
 
 
-def _span_exporter(name: str) -> Any:
+def span_exporter(name: str) -> Any:
+    """A span exporter for ``name`` (``console`` or ``otlp``, over :func:`otlp_protocol`)."""
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
-    if _protocol("TRACES") == "grpc":
+    if otlp_protocol("TRACES") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         return OTLPSpanExporter()
@@ -155,12 +162,25 @@ def _span_exporter(name: str) -> Any:
     return HTTPSpanExporter()
 
 
+def log_exporter(name: str) -> Any:
+    """A log record exporter for ``name`` (``console`` or ``otlp``, over :func:`otlp_protocol`)."""
+    if name == "console":
+        from opentelemetry.sdk._logs.export import ConsoleLogRecordExporter
+
+        return ConsoleLogRecordExporter()
+    if otlp_protocol("LOGS") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter  # type: ignore[assignment]
+    return OTLPLogExporter()
+
+
 def metric_readers(problems: list[str]) -> list[tuple[str, Any]]:
     """(exporter name, metric reader) for each name in ``OTEL_METRICS_EXPORTER`` except
     ``none``; an exporter that cannot be created is skipped and described in ``problems``
     (never raised: start-up does not fail for the environment)."""
     out = []
-    for name in _exporter_names("OTEL_METRICS_EXPORTER", METRIC_EXPORTERS, problems):
+    for name in exporter_names("OTEL_METRICS_EXPORTER", METRIC_EXPORTERS, problems):
         if name == "none":
             continue
         try:
@@ -223,7 +243,7 @@ def _metric_reader(name: str, problems: list[str]) -> Optional[Any]:
             raise
     if name == "console":
         return PeriodicExportingMetricReader(ConsoleMetricExporter())
-    if _protocol("METRICS") == "grpc":
+    if otlp_protocol("METRICS") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     else:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # type: ignore[assignment]
@@ -248,7 +268,8 @@ def listeners_of(readers: list[Any]) -> list[Callable[[], None]]:
 _warned: set[str] = set()
 
 
-def _warn_once(problem: str) -> None:
+def warn_once(problem: str) -> None:
+    """Log ``problem`` as a warning (credentials masked), once per process."""
     if problem not in _warned:
         _warned.add(problem)
         logger.warning("relevancy-tracer: %s", mask_credentials(problem))
@@ -272,12 +293,12 @@ def install_providers() -> OwnedProviders:
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
             provider = TracerProvider(resource=resource)
-            for name in _exporter_names("OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, problems):
+            for name in exporter_names("OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, problems):
                 if name == "none":
                     continue
                 try:
-                    provider.add_span_processor(BatchSpanProcessor(_span_exporter(name)))
-                    owned.exporters.append(f"traces: {name}" + (f" {_protocol('TRACES')}" if name == "otlp" else ""))
+                    provider.add_span_processor(BatchSpanProcessor(span_exporter(name)))
+                    owned.exporters.append(f"traces: {name}" + (f" {otlp_protocol('TRACES')}" if name == "otlp" else ""))
                 except Exception as exc:  # e.g. the grpc exporter's package missing
                     problems.append(f"OTEL_TRACES_EXPORTER={name}: cannot create the exporter ({type(exc).__name__}: {exc}); spans are not exported")
             trace.set_tracer_provider(provider)
@@ -290,7 +311,7 @@ def install_providers() -> OwnedProviders:
             readers = []
             for name, reader in metric_readers(problems):
                 readers.append(reader)
-                owned.exporters.append(f"metrics: {name}" + (f" {_protocol('METRICS')}" if name == "otlp" else ""))
+                owned.exporters.append(f"metrics: {name}" + (f" {otlp_protocol('METRICS')}" if name == "otlp" else ""))
             meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=score_views())
             metrics.set_meter_provider(meter_provider)
             owned.meter_provider = meter_provider
@@ -300,7 +321,7 @@ def install_providers() -> OwnedProviders:
     except Exception as exc:  # never take the app down at start-up
         problems.append(f"OpenTelemetry setup failed ({type(exc).__name__}: {exc}); continuing without installed providers")
     for problem in problems:
-        _warn_once(problem)
+        warn_once(problem)
     return owned
 
 

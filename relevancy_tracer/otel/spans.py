@@ -154,15 +154,3 @@ def record_exception(span: Any, exc: BaseException, *, capture_content: bool, li
     from opentelemetry.trace import Status as SpanStatus, StatusCode
 
     span.set_status(SpanStatus(StatusCode.ERROR, description))
-
-
-def evaluation_event(result: RelevancyResult) -> dict[str, Any]:
-    """Attributes of the ``gen_ai.evaluation.result`` event for a scored result."""
-    attrs: dict[str, Any] = {A.GEN_AI_EVALUATION_NAME: A.EVALUATION_NAME}
-    if result.ok:
-        attrs[A.GEN_AI_EVALUATION_SCORE_VALUE] = float(result.score)  # type: ignore[arg-type]
-        attrs[A.GEN_AI_EVALUATION_SCORE_LABEL] = result.label
-        attrs[A.GEN_AI_EVALUATION_EXPLANATION] = result.explanation
-    else:
-        attrs["error.type"] = result.status
-    return attrs

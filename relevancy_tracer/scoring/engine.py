@@ -14,11 +14,11 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
 
-from .. import _fork
+from .._background import fork as _fork
 from .._logging import log_failure
-from .._loop import process_loop
+from .._background.loop import process_loop
 from ..config import MODEL_FIELDS, Settings
-from ..models import build_models
+from .backends import build_models
 from ..models.base import Models
 from ..result import EvaluationError, RelevancyResult, Status, Usage, label_for
 from .calibration import Calibration

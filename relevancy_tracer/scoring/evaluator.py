@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import _fork
+from .._background import fork as _fork
 from ..config import DEFAULT_THRESHOLDS, EVALUATOR_FIELDS, PROBABILITY_THRESHOLDS, RAW_FINGERPRINT_FIELDS, Settings
 from . import prompts
 from .calibration import Calibration

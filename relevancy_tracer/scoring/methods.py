@@ -42,7 +42,8 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import numpy as np
 
-from .. import _fork, config
+from .. import config
+from .._background import fork as _fork
 from ..config import Settings
 from ..models.base import ModelError, Models
 from ..result import EvaluationError, Status, Usage

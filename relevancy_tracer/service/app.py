@@ -5,7 +5,7 @@ import this package.
   score (``selection.py``: OpenInference and GenAI attributes, filters, the decorator's
   samplers), joins GenAI content that travels as log events to its span (``join.py``, in this
   process, before queueing) and queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest` per span, a whole export
-  request or nothing: in process (the decorator's bounded :class:`~relevancy_tracer.worker.Worker`,
+  request or nothing: in process (the decorator's bounded :class:`~relevancy_tracer._background.jobqueue.JobQueue`,
   the default), or on a Redis Stream (``--queue redis://...``) for a fleet. A full queue refuses
   the request with OTLP's retryable codes, so the exporter re-sends it; a request with more
   spans to score than the queue's bound is admitted whole when the queue is empty, so it is
@@ -29,9 +29,9 @@ import time
 from typing import Any, Optional
 
 from ..config import Settings
-from ..phoenix import PhoenixClient
+from ..phoenix_annotations import PhoenixClient
 from ..result import Status
-from ..worker import Worker
+from .._background.jobqueue import JobQueue
 from .jobs import ScoreRequest
 from .join import Content, ContentJoin, Held, is_content_event
 from .otlp import log_records_of, spans_of
@@ -44,7 +44,7 @@ logger = logging.getLogger("relevancy_tracer")
 
 
 class ServiceJob:
-    """One in-process evaluation (the :class:`~relevancy_tracer.worker.Job` protocol)."""
+    """One in-process evaluation (the :class:`~relevancy_tracer._background.jobqueue.Job` protocol)."""
 
     def __init__(self, scorer: Scorer, request: ScoreRequest, timeout: float, hold: float, drain: DrainRate):
         self.scorer = scorer
@@ -74,7 +74,7 @@ class ServiceJob:
     def finish(self, status: str, error: Optional[str] = None, reason: Optional[str] = None) -> None:
         if self._claim():
             try:
-                self.scorer.write(self.request, None, status=status, error=error)
+                self.scorer.write(self.request, None, status=status, error=error, reason=reason)
             except Exception:
                 logger.warning("relevancy-tracer: writing the %s outcome of %s failed", status, self.request.evaluation_id, exc_info=True)
             self._drain.done()
@@ -137,15 +137,15 @@ class ScoringService:
         self.selector = SpanSelector(selection or Selection(sample_ratio=s.sample_ratio, rate_limit=s.rate_limit, max_contexts=s.max_contexts, max_context_chars=s.max_context_chars))
         self.drain = DrainRate()
         self.queue: Any = None
-        self.worker: Optional[Worker] = None
+        self.jobs: Optional[JobQueue] = None
         if queue_url:
             from .queue import RedisStreamQueue
 
             self.queue = RedisStreamQueue(queue_url, max_length=s.queue_size)
             depth = self.queue.depth
         else:
-            self.worker = Worker(queue_size=s.queue_size, concurrency=s.concurrency, name="relevancy-tracer-service")
-            depth = lambda: self.worker.depth  # noqa: E731
+            self.jobs = JobQueue(queue_size=s.queue_size, concurrency=s.concurrency, name="relevancy-tracer-service")
+            depth = lambda: self.jobs.depth  # noqa: E731
         self.telemetry = ServiceTelemetry(queue_depth=depth)
         self.scorer = None if self.queue is not None else Scorer(s, self.telemetry, PhoenixClient(s.phoenix_url) if s.phoenix_url else None)
         self.limits = limits or ReceiverLimits(max_request_bytes=s.max_request_bytes)
@@ -260,8 +260,8 @@ class ScoringService:
                 logger.warning("relevancy-tracer: queueing on Redis failed", exc_info=True)
                 ok = False
         else:
-            assert self.worker is not None and self.scorer is not None
-            ok = self.worker.submit_all([ServiceJob(self.scorer, r, s.evaluation_timeout, s.hold_timeout, self.drain) for r in requests], admit_when_empty=True)
+            assert self.jobs is not None and self.scorer is not None
+            ok = self.jobs.submit_all([ServiceJob(self.scorer, r, s.evaluation_timeout, s.hold_timeout, self.drain) for r in requests], admit_when_empty=True)
         return bool(ok)
 
     def _expired(self, reason: str, count: int) -> None:
@@ -277,7 +277,7 @@ class ScoringService:
 
     def _retry_after(self) -> int:
         try:
-            backlog = self.queue.depth() if self.queue is not None else (self.worker.depth if self.worker else 0)
+            backlog = self.queue.depth() if self.queue is not None else (self.jobs.depth if self.jobs else 0)
         except Exception:
             backlog = 0
         return self.drain.retry_after(backlog)
@@ -289,7 +289,7 @@ class ScoringService:
     def flush(self, timeout: float = 30.0) -> bool:
         """In process: wait until every queued evaluation was written, then export."""
         deadline = time.monotonic() + timeout
-        ok = self.worker.flush(timeout) if self.worker is not None else True
+        ok = self.jobs.flush(timeout) if self.jobs is not None else True
         return self.telemetry.force_flush(max(0.0, deadline - time.monotonic())) and ok
 
     def stop(self, timeout: float = 30.0) -> bool:
@@ -298,8 +298,8 @@ class ScoringService:
         self.server.stop(grace=min(2.0, timeout))
         self._sweeping.set()
         ok = True
-        if self.worker is not None:
-            ok = self.worker.shutdown(max(0.0, deadline - time.monotonic()))
+        if self.jobs is not None:
+            ok = self.jobs.shutdown(max(0.0, deadline - time.monotonic()))
         if self.queue is not None:
             self.queue.close()
         return self.telemetry.shutdown(max(0.0, deadline - time.monotonic())) and ok

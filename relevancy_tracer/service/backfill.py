@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from ..config import Settings
 from ..dataset import write_atomically
-from ..phoenix import PhoenixClient, annotation_for
+from ..phoenix_annotations import PhoenixClient, annotation_for
 from ..scoring.engine import Engine
 from .jobs import ScoreRequest
 from .otlp import ReceivedSpan

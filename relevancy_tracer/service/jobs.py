@@ -8,8 +8,8 @@ import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Optional
 
+from ..otel.results import evaluation_id
 from ..scoring.methods import METHODS
-from ..phoenix import evaluation_id
 from .selection import Candidate
 
 _HEX = re.compile(r"[0-9a-fA-F]+")

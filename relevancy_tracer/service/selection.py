@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..otel import attributes as A
-from ..sampling import RateLimitSampler, TraceIdRatioSampler
+from ..tracing.sampling import RateLimitSampler, TraceIdRatioSampler
 from .otlp import ReceivedSpan
 
 QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q")
@@ -299,7 +299,7 @@ class SpanSelector:
         return [c for c in out if c.convention != "genai-events"], [c for c in out if c.convention == "genai-events"]
 
     def _contexts(self, span: ReceivedSpan, trace_spans: Any, retrieved: dict[str, list[str]]) -> Optional[list[str]]:
-        from ..extraction import cap_contexts
+        from ..tracing.extraction import cap_contexts
 
         documents = span_documents(span.attributes)
         if not documents:

@@ -19,25 +19,11 @@ import time
 from collections import OrderedDict
 from typing import Any, Optional
 
+from .._version import __version__
 from ..otel.metrics import RelevancyMetrics, score_views
-from ..otel.setup import TRACE_EXPORTERS, _exporter_names, _protocol, _span_exporter, _warn_once, bounded, close_listeners, listeners_of, metric_readers
+from ..otel.setup import LOG_EXPORTERS, TRACE_EXPORTERS, bounded, close_listeners, exporter_names, listeners_of, log_exporter, metric_readers, span_exporter, warn_once
 
 logger = logging.getLogger("relevancy_tracer")
-
-LOG_EXPORTERS = ("otlp", "console", "none")
-
-
-def _log_exporter(name: str) -> Any:
-    if name == "console":
-        from opentelemetry.sdk._logs.export import ConsoleLogRecordExporter
-
-        return ConsoleLogRecordExporter()
-    if _protocol("LOGS") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter  # type: ignore[assignment]
-    return OTLPLogExporter()
-
 
 class ServiceTelemetry:
     """Tracer providers per project, a logger provider and a meter provider, from the environment.
@@ -56,19 +42,19 @@ class ServiceTelemetry:
         os.environ.setdefault("OTEL_SERVICE_NAME", "relevancy-tracer")
         self.resource = Resource.create()
         problems: list[str] = []
-        self._trace_exporters = [n for n in _exporter_names("OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, problems) if n != "none"]
+        self._trace_exporters = [n for n in exporter_names("OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, problems) if n != "none"]
         self.logger_provider = LoggerProvider(resource=self.resource)
-        for name in _exporter_names("OTEL_LOGS_EXPORTER", LOG_EXPORTERS, problems):
+        for name in exporter_names("OTEL_LOGS_EXPORTER", LOG_EXPORTERS, problems):
             if name != "none":
                 try:
-                    self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(_log_exporter(name)))
+                    self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter(name)))
                 except Exception as exc:
                     problems.append(f"OTEL_LOGS_EXPORTER={name}: cannot create the exporter ({exc})")
         readers = [reader for _, reader in metric_readers(problems)]
         self._listeners = listeners_of(readers)  # the Prometheus listener, closed by shutdown()
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=score_views())
         for problem in problems:
-            _warn_once(problem)
+            warn_once(problem)
         self.logger = self.logger_provider.get_logger("relevancy_tracer")
         self.metrics = RelevancyMetrics(str(self.resource.attributes.get("service.name", "relevancy-tracer")), queue_depth or (lambda: 0), meter_provider=self.meter_provider)
         meter = self.meter_provider.get_meter("relevancy_tracer")
@@ -86,7 +72,6 @@ class ServiceTelemetry:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from .. import __version__
 
         with self._lock:
             provider = self._providers.get(project)
@@ -94,7 +79,7 @@ class ServiceTelemetry:
                 resource = self.resource.merge(Resource({"openinference.project.name": project})) if project else self.resource
                 provider = TracerProvider(resource=resource)
                 for name in self._trace_exporters:
-                    provider.add_span_processor(BatchSpanProcessor(_span_exporter(name)))
+                    provider.add_span_processor(BatchSpanProcessor(span_exporter(name)))
                 self._providers[project] = provider
                 while len(self._providers) > self.max_projects:
                     _, old = self._providers.popitem(last=False)

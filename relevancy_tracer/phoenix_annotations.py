@@ -18,7 +18,6 @@ its annotation instead of adding a second one.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -26,19 +25,12 @@ import time
 from collections import deque
 from typing import Any, Iterable, Iterator, Optional
 
-from . import _fork
+from ._background import fork as _fork
 from .result import RelevancyResult
 
 logger = logging.getLogger("relevancy_tracer")
 
 ANNOTATION_NAME = "answer_relevancy"
-
-
-def evaluation_id(trace_id: str, span_id: str, method: str) -> str:
-    """The deterministic id of the evaluation of one span by one method: 32 hex digits of
-    SHA-256 over ``trace_id:span_id:method`` (hex ids, lowercase). A retried job gets the same
-    id, so its annotation is upserted, never doubled."""
-    return hashlib.sha256(f"{trace_id.lower()}:{span_id.lower()}:{method}".encode("ascii")).hexdigest()[:32]
 
 
 def annotation_for(result: RelevancyResult, span_id: str, identifier: str, *, capture_content: bool) -> Optional[dict]:
@@ -246,7 +238,7 @@ class PhoenixAnnotationSink:
                 ok = False
                 if not self._warned:
                     self._warned = True
-                    logger.warning("relevancy-tracer: writing Phoenix annotations failed (%s); counted in relevancy_tracer.phoenix sink stats", type(exc).__name__)
+                    logger.warning("relevancy-tracer: writing Phoenix annotations failed (%s); counted in the sink's stats", type(exc).__name__)
             with self._wake:
                 if ok:
                     self.sent += len(batch)

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-from . import _fork
+from .._background import fork as _fork
 
 _TRACE_ID_LIMIT = (1 << 64) - 1
 

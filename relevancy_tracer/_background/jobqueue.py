@@ -1,13 +1,17 @@
-"""The background worker: a bounded queue whose jobs run on the runtime's event loop.
+"""The job queue: a bounded queue whose jobs run on the background loop.
+
+Used by the tracer (one evaluation per sampled call) and by ``relevancy-tracer serve`` in its
+in-process mode. (A *fleet worker*, ``relevancy-tracer worker``, is a process reading the Redis
+Stream: :class:`~relevancy_tracer.service.app.FleetWorker`, not this.)
 
 Modelled on the OpenTelemetry SDK's BatchProcessor (bounded queue, daemon thread, fork handling)
 and sentry-python's transport worker (submit / flush / kill, losses counted by reason):
 
-* :meth:`Worker.submit` never blocks: it appends to a bounded deque under a short lock, wakes the
+* :meth:`JobQueue.submit` never blocks: it appends to a bounded deque under a short lock, wakes the
   dispatcher only when it is idle, and returns a bool. A refused job is finished at once with
   status ``dropped`` (reason ``queue_full``, ``shutdown`` or ``thread_start_failed``).
-* The dispatcher is a task on a :class:`~relevancy_tracer._loop.BackgroundLoop` (the runtime's
-  one loop engine; a private one when the worker is used alone). It runs at most ``concurrency``
+* The dispatcher is a task on a :class:`~relevancy_tracer._background.loop.BackgroundLoop` (the
+  process's one background loop; a private one when the queue is used alone). It runs at most ``concurrency``
   jobs at once, each under a deadline (``min(job.timeout, job.deadline - now)``); queued jobs
   whose deadline passes are finished with status ``timeout`` when it passes.
 * If the loop's thread cannot be started (a container's process limit), the job is dropped with
@@ -17,10 +21,10 @@ and sentry-python's transport worker (submit / flush / kill, losses counted by r
   :meth:`shutdown` stops intake, flushes, then cancels what is still running and finishes what
   is still queued with status ``shutdown``. Both return within their timeout plus a fraction of
   a second, whatever the jobs' endpoints do.
-* :meth:`reset_after_fork` gives a forked child an empty worker (the parent's jobs stay the
+* :meth:`reset_after_fork` gives a forked child an empty queue (the parent's jobs stay the
   parent's).
 
-Jobs implement :class:`Job`: the worker calls ``await job.run()`` and, for every outcome it
+Jobs implement :class:`Job`: the queue calls ``await job.run()`` and, for every outcome it
 decides itself, ``job.finish(status, error, reason)``; ``finish`` must be idempotent and cheap.
 """
 
@@ -33,9 +37,9 @@ import time
 from collections import deque
 from typing import Optional, Protocol
 
-from ._logging import log_failure
-from ._loop import BackgroundLoop, LoopStartError
-from .result import Status
+from .._logging import log_failure
+from .loop import BackgroundLoop, LoopStartError
+from ..result import Status
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -58,14 +62,14 @@ class Job(Protocol):
         ...
 
 
-class Worker:
+class JobQueue:
     """Runs jobs in the background. See the module docstring.
 
     Args:
         queue_size: most jobs queued (not counting running ones); more are dropped.
         concurrency: most jobs running at once.
-        name: name of the loop thread when the worker owns its loop.
-        loop: the loop engine to run on (default: a private one, stopped by :meth:`shutdown`).
+        name: name of the loop thread when the queue owns its loop.
+        loop: the background loop to run on (default: a private one, stopped by :meth:`shutdown`).
     """
 
     def __init__(self, *, queue_size: int = 1000, concurrency: int = 2, name: str = "relevancy-tracer-worker", loop: Optional[BackgroundLoop] = None):
@@ -73,7 +77,7 @@ class Worker:
         self.concurrency = concurrency
         self.name = name
         self._own_loop = loop is None
-        self._engine = loop or BackgroundLoop(name)
+        self._loop = loop or BackgroundLoop(name)
         self.reset_after_fork()
 
     def reset_after_fork(self) -> None:
@@ -89,7 +93,7 @@ class Worker:
         self._running: set = set()
         self._dispatcher: Optional[asyncio.Future] = None
         if self._own_loop:
-            self._engine.reset_after_fork()
+            self._loop.reset_after_fork()
 
     # ------------------------------------------------------------------ caller side
 
@@ -113,19 +117,11 @@ class Worker:
                 reason = None
                 self._queue.append(job)
                 self._pending += 1
-                wake = self._waiting
-                self._waiting = False
-                start = not self._dispatching or not self._engine.running
-                if start:
-                    self._dispatching = True
+                start, wake = self._claim_dispatch()
         if reason is not None:
             self._safe_finish(job, Status.DROPPED, f"evaluation dropped: {reason}", reason)
             return False
-        if start:
-            return self._start_dispatcher()
-        if wake:
-            self._engine.call_soon(self._wake_set)
-        return True
+        return self._dispatch_queued(start, wake)
 
     def submit_all(self, jobs: list, *, admit_when_empty: bool = False) -> bool:
         """Queue every job or none (the service refuses a whole export request atomically, so
@@ -142,15 +138,24 @@ class Worker:
                 return False
             self._queue.extend(jobs)
             self._pending += len(jobs)
-            wake = self._waiting
-            self._waiting = False
-            start = not self._dispatching or not self._engine.running
-            if start:
-                self._dispatching = True
+            start, wake = self._claim_dispatch()
+        return self._dispatch_queued(start, wake)
+
+    def _claim_dispatch(self) -> tuple[bool, bool]:
+        """Under the lock, after queueing: (start a dispatcher, wake the sleeping one)."""
+        wake = self._waiting
+        self._waiting = False
+        start = not self._dispatching or not self._loop.running
+        if start:
+            self._dispatching = True
+        return start, wake
+
+    def _dispatch_queued(self, start: bool, wake: bool) -> bool:
+        """Outside the lock: start or wake the dispatcher; False when its thread cannot start."""
         if start:
             return self._start_dispatcher()
         if wake:
-            self._engine.call_soon(self._wake_set)
+            self._loop.call_soon(self._wake_set)
         return True
 
     @property
@@ -160,7 +165,7 @@ class Worker:
 
     def _start_dispatcher(self) -> bool:
         try:
-            self._dispatcher = self._engine.submit(self._dispatch)  # type: ignore[assignment]
+            self._dispatcher = self._loop.submit(self._dispatch)  # type: ignore[assignment]
             return True
         except LoopStartError as exc:
             logger.warning("relevancy-tracer: %s; queued evaluations are dropped (reason thread_start_failed)", exc)
@@ -175,7 +180,7 @@ class Worker:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every submitted job has finished; False when ``timeout`` (s) passed first."""
-        if self._engine.in_loop_thread():
+        if self._loop.in_loop_thread():
             return False  # would deadlock
         deadline = time.monotonic() + max(0.0, timeout)
         with self._idle:
@@ -207,16 +212,16 @@ class Worker:
                 self._safe_finish(job, Status.SHUTDOWN, "shut down before the evaluation started")
                 self._done()
             try:
-                future = self._engine.submit(self._cancel_running)
+                future = self._loop.submit(self._cancel_running)
                 future.result(max(0.05, min(GRACE / 2, deadline + GRACE / 2 - time.monotonic())))
             except Exception:
                 pass
             # jobs still not finished (their cancellation is stuck): finish them from here
             for task, job in list(self._running_jobs()):
                 self._safe_finish(job, Status.SHUTDOWN, "cancelled at shutdown")
-        self._engine.call_soon(self._wake_set)  # the dispatcher sees _closed and returns
+        self._loop.call_soon(self._wake_set)  # the dispatcher sees _closed and returns
         if self._own_loop:
-            self._engine.stop(max(0.05, deadline + GRACE - time.monotonic()))
+            self._loop.stop(max(0.05, deadline + GRACE - time.monotonic()))
         return clean
 
     # ------------------------------------------------------------------ loop side

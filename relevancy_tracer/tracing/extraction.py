@@ -36,7 +36,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
-from .dataset import resolve_path
+from ..dataset import resolve_path
 
 Spec = Union[str, Callable[["CallInfo"], Any], None]
 

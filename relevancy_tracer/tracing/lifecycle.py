@@ -1,6 +1,8 @@
-"""The lifecycle: ``configure()``, ``flush()``, ``shutdown()``, interpreter exit.
+"""The lifecycle: ``configure()``, ``flush()``, ``shutdown()``, interpreter exit; and the
+process's state: the current settings, the default engine and the tracer's
+:class:`~relevancy_tracer.tracing.runtime.Runtime` (the package's only singletons).
 
-* ``configure(**settings)`` builds the process's :class:`~relevancy_tracer.runtime.Runtime`
+* ``configure(**settings)`` builds the process's :class:`~relevancy_tracer.tracing.runtime.Runtime`
   (replacing an earlier one, whose pending evaluations get up to 5 s) and, with ``setup_otel``,
   installs SDK providers from the ``OTEL_*`` variables where the app has none. It raises only
   for bad *arguments* (a programming error); problems of the environment (a bad
@@ -24,15 +26,18 @@ import logging
 import threading
 from typing import Any, Optional
 
-from . import _fork, runtime as _runtime_module
-from ._logging import mask_credentials
-from .config import Settings
-from .otel.setup import OwnedProviders, install_providers
+from .._background import fork as _fork
+from .._logging import mask_credentials
+from ..config import Settings
+from ..otel.setup import OwnedProviders, install_providers
+from ..scoring.engine import Engine
 from .runtime import Runtime
 
 logger = logging.getLogger("relevancy_tracer")
 
 _lock = threading.RLock()
+_settings: Optional[Settings] = None  # resolved from the environment on first use, or configure()'s
+_engine: Optional[Engine] = None  # the default engine: score(), evaluate() and the tracer's
 _current: Optional[Runtime] = None
 _shut_down = False  # shutdown() ran and configure() has not been called since
 _exit_hook_registered = False
@@ -44,6 +49,43 @@ def _renew_lock() -> None:
     _lock = threading.RLock()
 
 
+def get_settings() -> Settings:
+    """The current settings (resolved from the environment on first call)."""
+    global _settings
+    if _settings is None:
+        with _lock:
+            if _settings is None:
+                _settings = Settings.resolve()
+    return _settings
+
+
+def get_engine() -> Engine:
+    """The default engine (``score()``, ``evaluate()``, the tracer), built from the current
+    settings."""
+    global _engine
+    if _engine is None:
+        with _lock:
+            if _engine is None:
+                _engine = Engine(get_settings())
+    return _engine
+
+
+def set_settings(settings: Settings) -> None:
+    """Install new settings and a new default engine for them."""
+    global _settings, _engine
+    with _lock:
+        _settings = settings
+        _engine = Engine(settings)
+
+
+def reset() -> None:
+    """Forget the settings and engine; the next use resolves them from the environment again."""
+    global _settings, _engine
+    with _lock:
+        _settings = None
+        _engine = None
+
+
 def current() -> Optional[Runtime]:
     """The process's runtime: the configured one, else one built from the environment on first
     use; None after ``shutdown()`` until ``configure()`` (calls then run untraced)."""
@@ -52,7 +94,7 @@ def current() -> Optional[Runtime]:
         return runtime
     with _lock:
         if _current is None and not _shut_down:
-            _install(Runtime(_runtime_module.get_settings(), engine=_runtime_module.get_engine()))
+            _install(Runtime(get_settings(), engine=get_engine()))
         return _current
 
 
@@ -86,7 +128,7 @@ def describe(settings: Settings, owned: OwnedProviders) -> str:
     """The start-up line: what was resolved (no secrets, no user text)."""
     llm = settings.resolved_llm_model
     if settings.llm == "local":
-        from .models.local_llm import default_threads
+        from ..models.local_llm import default_threads
 
         llm += f", {settings.local_threads or default_threads()} threads"
         llm += ", in the model host" if settings.local_host else ", in process"
@@ -133,12 +175,12 @@ def configure(**settings: Any) -> Settings:
                 owned.meter_provider = previous.owned.meter_provider
                 owned.listeners = previous.owned.listeners
             previous.owned = OwnedProviders()
-        _runtime_module.set_settings(resolved)
-        _install(Runtime(resolved, engine=_runtime_module.get_engine(), owned=owned))
+        set_settings(resolved)
+        _install(Runtime(resolved, engine=get_engine(), owned=owned))
         _shut_down = False
     logger.info(describe(resolved, owned))
     if previous is not None:
-        previous.worker.shutdown(5.0)
+        previous.jobs.shutdown(5.0)
         previous.active = False
     return resolved
 

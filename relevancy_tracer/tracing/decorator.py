@@ -9,7 +9,7 @@ signature, docstring, ``inspect`` flags and method binding. Around the call:
 * a span is started and made current, so the app's own child spans nest under it;
 * the wrapped function is called exactly once; its return value is passed back as the very same
   object, and its exceptions propagate unchanged (same object, args and traceback);
-* everything the tracer does sits in ``try/except Exception`` (see ``call.py``).
+* everything the tracer does sits in ``try/except Exception`` (see :mod:`.call`).
 
 What is never touched: a sync function that returns an awaitable, or a sync or async function
 that returns an iterator or generator, gets its return value back untouched (the call is not
@@ -37,8 +37,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from . import lifecycle
+from ..config import EVALUATION_OVERRIDES, Settings
 from .call import CallState, TraceOptions
-from .config import EVALUATION_OVERRIDES, Settings
 from .extraction import Extractor, Spec, chunk_text
 
 logger = logging.getLogger("relevancy_tracer")
@@ -70,122 +70,106 @@ def _text_of(chunk: Any) -> str:
 # --------------------------------------------------------------------------------- streams
 
 
+class _Stream:
+    """What a traced (async) generator does around the app's generator, written once for both.
+
+    ``with stream:`` wraps each resumption of the app's generator (``send``/``throw`` or their
+    async forms) and its closing: the call's span is current inside; on leaving, the end of the
+    stream (``StopIteration`` / ``StopAsyncIteration``, suppressed) scores the call, and any
+    other exception ends the span as failed and propagates unchanged.
+    """
+
+    __slots__ = ("state", "ctx", "args", "kwargs", "instance", "stop", "ended", "value", "sent", "thrown", "_token")
+
+    def __init__(self, state: Optional[CallState], args: tuple, kwargs: dict, instance: Any, stop: type):
+        self.state = state
+        self.ctx = None
+        if state is not None:
+            state.detach()
+            if state.chunks is None:
+                state.chunks = []
+            self.ctx = otel_trace.set_span_in_context(state.span)
+        self.args, self.kwargs, self.instance, self.stop = args, kwargs, instance, stop
+        self.ended = False
+        self.value: Any = None  # the generator's return value
+        self.sent: Any = None  # what the consumer sent in at the last yield
+        self.thrown: Optional[BaseException] = None  # what the consumer threw in, to forward
+        self._token: Any = None
+
+    def resume(self, send: Callable[[Any], Any], throw: Callable[[BaseException], Any]) -> Any:
+        """Forward what the consumer did at the last yield: ``throw(exc)`` or ``send(value)``."""
+        thrown, self.thrown = self.thrown, None
+        return throw(thrown) if thrown is not None else send(self.sent)
+
+    def chunk(self, chunk: Any) -> Any:
+        """Accumulate a chunk's text (up to the answer budget); returns the chunk unchanged."""
+        if self.state is not None:
+            self.state.add_chunk(_text_of(chunk))
+        return chunk
+
+    def closed(self) -> None:
+        """The app's generator was closed before its end (a client disconnect)."""
+        if self.state is not None:
+            self.state.incomplete(self.args, self.kwargs, self.instance)
+
+    def __enter__(self) -> "_Stream":
+        self._token = otel_context.attach(self.ctx) if self.ctx is not None else None
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, traceback: Any) -> bool:
+        if self._token is not None:
+            otel_context.detach(self._token)
+            self._token = None
+        if kind is None:
+            return False
+        if issubclass(kind, self.stop):  # the stream's end
+            self.ended = True
+            self.value = getattr(exc, "value", None)  # StopAsyncIteration carries none
+            if self.state is not None:
+                self.state.succeed(self.args, self.kwargs, self.value, self.instance)
+            return True
+        if self.state is not None:  # raised by the app's generator: propagates unchanged
+            self.state.fail(exc)
+        return False
+
+
 def _traced_generator(inner: Any, begin: Callable[[], Optional[CallState]], args: tuple, kwargs: dict, instance: Any) -> Any:
     """Delegates to ``inner`` (PEP 380 semantics: send, throw, close, return value) with the
     span current while the app's generator runs. ``begin()`` runs at the first ``next()``."""
-    state = begin()
-    ctx = None
-    if state is not None:
-        state.detach()
-        if state.chunks is None:
-            state.chunks = []
-        ctx = otel_trace.set_span_in_context(state.span)
-    to_send: Any = None
-    to_throw: Optional[BaseException] = None
+    stream = _Stream(begin(), args, kwargs, instance, StopIteration)
     while True:
-        finished = False
-        value: Any = None
-        error: Optional[BaseException] = None
-        token = otel_context.attach(ctx) if ctx is not None else None
+        with stream:
+            chunk = stream.resume(inner.send, inner.throw)
+        if stream.ended:
+            return stream.value
         try:
-            if to_throw is not None:
-                thrown, to_throw = to_throw, None
-                chunk = inner.throw(thrown)
-            else:
-                chunk = inner.send(to_send)
-        except StopIteration as stop:
-            finished, value = True, stop.value
-        except BaseException as exc:  # raised by the app's generator
-            error = exc
-        finally:
-            if token is not None:
-                otel_context.detach(token)
-        if finished:
-            if state is not None:
-                state.succeed(args, kwargs, value, instance)
-            return value
-        if error is not None:
-            if state is not None:
-                state.fail(error)
-            raise error
-        if state is not None:
-            state.add_chunk(_text_of(chunk))
-        try:
-            to_send = yield chunk
-        except GeneratorExit:
-            token = otel_context.attach(ctx) if ctx is not None else None
-            try:
+            stream.sent = yield stream.chunk(chunk)
+        except GeneratorExit:  # the consumer closed the stream
+            with stream:
                 inner.close()
-            except BaseException as exc:
-                if state is not None:
-                    state.fail(exc)
-                raise
-            finally:
-                if token is not None:
-                    otel_context.detach(token)
-            if state is not None:
-                state.incomplete(args, kwargs, instance)  # closed before its end
+            stream.closed()
             raise
-        except BaseException as exc:  # thrown in by the consumer: forward it
-            to_throw = exc
+        except BaseException as exc:  # thrown in by the consumer: forwarded at the next resume
+            stream.thrown = exc
 
 
 async def _traced_async_generator(inner: Any, begin: Callable[[], Optional[CallState]], args: tuple, kwargs: dict, instance: Any) -> Any:
-    """Async twin of :func:`_traced_generator` (``asend``/``athrow``/``aclose`` delegated)."""
-    state = begin()
-    ctx = None
-    if state is not None:
-        state.detach()
-        if state.chunks is None:
-            state.chunks = []
-        ctx = otel_trace.set_span_in_context(state.span)
-    to_send: Any = None
-    to_throw: Optional[BaseException] = None
+    """:func:`_traced_generator` for async generators (``asend``/``athrow``/``aclose``)."""
+    stream = _Stream(begin(), args, kwargs, instance, StopAsyncIteration)
     while True:
-        finished = False
-        error: Optional[BaseException] = None
-        token = otel_context.attach(ctx) if ctx is not None else None
-        try:
-            if to_throw is not None:
-                thrown, to_throw = to_throw, None
-                chunk = await inner.athrow(thrown)
-            else:
-                chunk = await inner.asend(to_send)
-        except StopAsyncIteration:
-            finished = True
-        except BaseException as exc:
-            error = exc
-        finally:
-            if token is not None:
-                otel_context.detach(token)
-        if finished:
-            if state is not None:
-                state.succeed(args, kwargs, None, instance)
+        with stream:
+            chunk = await stream.resume(inner.asend, inner.athrow)
+        if stream.ended:
             return
-        if error is not None:
-            if state is not None:
-                state.fail(error)
-            raise error
-        if state is not None:
-            state.add_chunk(_text_of(chunk))
         try:
-            to_send = yield chunk
-        except GeneratorExit:
-            token = otel_context.attach(ctx) if ctx is not None else None
-            try:
+            stream.sent = yield stream.chunk(chunk)
+        except GeneratorExit:  # the consumer closed the stream
+            with stream:
                 await inner.aclose()
-            except BaseException as exc:
-                if state is not None:
-                    state.fail(exc)
-                raise
-            finally:
-                if token is not None:
-                    otel_context.detach(token)
-            if state is not None:
-                state.incomplete(args, kwargs, instance)
+            stream.closed()
             raise
-        except BaseException as exc:
-            to_throw = exc
+        except BaseException as exc:  # thrown in by the consumer: forwarded at the next resume
+            stream.thrown = exc
 
 
 def _wrap_stream(result: Any, state: CallState, args: tuple, kwargs: dict, instance: Any) -> Any:
@@ -331,7 +315,7 @@ def trace(
     Args:
         question, answer, contexts: where to find them: a parameter name, a dotted path
             (``"request.query"``, ``"return.answer"``), or ``fn(call: CallInfo) -> value``.
-            Defaults: see :mod:`relevancy_tracer.extraction`.
+            Defaults: see :mod:`relevancy_tracer.tracing.extraction`.
         name: span name (default: the function's qualified name).
         stream: also wrap (async) generators *returned* by a plain function and score the joined
             chunks (default False: a returned iterator is passed back untouched, not scored).

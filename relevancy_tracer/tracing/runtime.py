@@ -2,43 +2,41 @@
 ``Client``.
 
 A :class:`Runtime` owns, for one configuration: the settings, the scoring engine (its model
-clients and caches), the worker (its queue and dispatcher, which run on the process's one loop
-engine, :func:`relevancy_tracer._loop.process_loop`), the samplers (the rate limiter's token
+clients and caches), the job queue (its dispatcher runs on the process's one background loop,
+:func:`relevancy_tracer._background.loop.process_loop`), the samplers (the rate limiter's token
 bucket), the metrics, the drift monitor, and the OpenTelemetry providers this library installed.
-``lifecycle.py`` holds the current runtime and replaces it on ``configure()``.
+:mod:`.lifecycle` holds the process's current runtime (its only singleton state) and replaces
+it on ``configure()``.
 
 Fork: the runtime registers itself with the package's one ``os.register_at_fork`` hook
-(``_fork.py``); in a child its worker is emptied and its samplers rebuilt, while the loop, the
+(:mod:`relevancy_tracer._background.fork`); in a child its job queue is emptied and its samplers rebuilt, while the loop, the
 model clients, the local models' locks and the caches' locks are renewed by their own modules'
 registrations. A child's first traced call starts the child's own loop thread.
-
-Also here, for ``score()``/``evaluate()`` without tracing: the settings resolved from the
-environment and the default engine built from them.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any, Optional
 
 from opentelemetry import trace
 
-from . import _fork
-from ._loop import process_loop
-from .config import Settings
-from .otel.metrics import shared_metrics
-from .otel.setup import OwnedProviders, bounded, service_name
+from .._background import fork as _fork
+from .._background.loop import process_loop
+from ..config import Settings
+from ..otel.metrics import shared_metrics
+from ..otel.setup import OwnedProviders, bounded, service_name
 from .sampling import build_sampler
-from .scoring.engine import Engine
-from .worker import GRACE, Worker
+from .._version import __version__
+from ..scoring.engine import Engine
+from .._background.jobqueue import GRACE, JobQueue
 
 logger = logging.getLogger("relevancy_tracer")
 
 
 class Runtime:
-    """Settings, engine, worker, samplers, metrics and providers of the process's tracer.
+    """Settings, engine, job queue, samplers, metrics and providers of the process's tracer.
 
     Args:
         settings: resolved settings. engine: scoring engine (default: one for ``settings``).
@@ -49,12 +47,10 @@ class Runtime:
     """
 
     def __init__(self, settings: Settings, engine: Optional[Engine] = None, owned: Optional[OwnedProviders] = None):
-        from . import __version__
-
         self.settings = settings
         self.engine = engine or Engine(settings)
         self.loop = process_loop()
-        self.worker = Worker(queue_size=settings.queue_size, concurrency=settings.concurrency, loop=self.loop)
+        self.jobs = JobQueue(queue_size=settings.queue_size, concurrency=settings.concurrency, loop=self.loop)
         self.sampler = build_sampler(settings.sample_ratio, settings.rate_limit, settings.sampler)
         self.otel_tracer = trace.get_tracer("relevancy_tracer", __version__)
         self.owned = owned or OwnedProviders()
@@ -71,7 +67,7 @@ class Runtime:
         self.annotations = None
         if settings.phoenix_url:
             try:
-                from .phoenix import PhoenixAnnotationSink
+                from ..phoenix_annotations import PhoenixAnnotationSink
 
                 self.annotations = PhoenixAnnotationSink(settings.phoenix_url)
             except Exception as exc:  # e.g. httpx missing: annotations are optional, tracing is not
@@ -80,11 +76,11 @@ class Runtime:
         _fork.renew_after_fork(self, Runtime._renew_after_fork)
 
     def _renew_after_fork(self) -> None:
-        self.worker.reset_after_fork()
+        self.jobs.reset_after_fork()
         self.sampler = build_sampler(self.settings.sample_ratio, self.settings.rate_limit, self.settings.sampler)
 
     def _depth(self) -> int:
-        return self.worker.depth
+        return self.jobs.depth
 
     @property
     def enabled(self) -> bool:
@@ -108,7 +104,7 @@ class Runtime:
         """Wait for pending evaluations, then force-flush the providers; True when all of it
         finished. Returns within ``timeout`` plus a fraction of a second."""
         deadline = time.monotonic() + max(0.0, timeout)
-        ok = self.worker.flush(timeout)
+        ok = self.jobs.flush(timeout)
         if self.annotations is not None:
             ok = self.annotations.flush(max(0.0, deadline - time.monotonic())) and ok
         providers = [trace.get_tracer_provider(), _meter_provider()]
@@ -128,7 +124,7 @@ class Runtime:
         within ``timeout`` plus about a second, whatever the model and OTLP endpoints do."""
         deadline = time.monotonic() + max(0.0, timeout)
         self.active = False
-        ok = self.worker.shutdown(timeout)
+        ok = self.jobs.shutdown(timeout)
         if self.annotations is not None:
             ok = self.annotations.shutdown(max(0.0, deadline - time.monotonic())) and ok
         if self.owned.tracer_provider is not None or self.owned.meter_provider is not None:
@@ -140,58 +136,3 @@ def _meter_provider() -> Any:
     from opentelemetry import metrics
 
     return metrics.get_meter_provider()
-
-
-# ---------------------------------------------------------------------------------- settings
-
-
-_lock = threading.RLock()
-_settings: Optional[Settings] = None
-_engine: Optional[Engine] = None
-
-
-@_fork.after_fork
-def _renew_lock() -> None:
-    global _lock
-    _lock = threading.RLock()
-
-
-def get_settings() -> Settings:
-    """The current settings (resolved from the environment on first call)."""
-    global _settings
-    if _settings is None:
-        with _lock:
-            if _settings is None:
-                _settings = Settings.resolve()
-    return _settings
-
-
-def get_engine() -> Engine:
-    """The default engine, built from the current settings."""
-    global _engine
-    if _engine is None:
-        with _lock:
-            if _engine is None:
-                _engine = Engine(get_settings())
-    return _engine
-
-
-def set_settings(settings: Settings) -> None:
-    """Install new settings and a new default engine for them."""
-    global _settings, _engine
-    with _lock:
-        _settings = settings
-        _engine = Engine(settings)
-
-
-def reset() -> None:
-    """Forget the settings and engine; the next use resolves them from the environment again."""
-    global _settings, _engine
-    with _lock:
-        _settings = None
-        _engine = None
-
-
-def resolve(**overrides: Any) -> Settings:
-    """Settings resolved from the environment with ``overrides`` (raises on bad overrides)."""
-    return Settings.resolve(**overrides)

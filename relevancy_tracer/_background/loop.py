@@ -1,7 +1,7 @@
-"""The one event-loop engine of the package: a daemon thread owning one asyncio loop.
+"""The background loop: a daemon thread owning the package's one asyncio loop.
 
 Everything asynchronous the package does runs on the process's :class:`BackgroundLoop` (owned by
-the runtime, see ``runtime.py``): the tracer's worker dispatches evaluations on it, and sync
+the tracer's runtime, :mod:`relevancy_tracer.tracing.runtime`): the job queue dispatches evaluations on it, and sync
 ``score()``/``evaluate()`` and the CLI run their coroutines on it. One long-lived loop keeps the
 async HTTP clients bound to it alive, with their connection pools, and closes them before the
 loop ends (:func:`register_loop_closer`).
@@ -200,7 +200,7 @@ _process_loop = BackgroundLoop("relevancy-tracer")
 
 
 def process_loop() -> BackgroundLoop:
-    """The process's one loop engine (shared by the tracer's worker, ``score()``, ``evaluate()``
+    """The process's one background loop (shared by the tracer's job queue, ``score()``, ``evaluate()``
     and the CLI). Its thread starts on first use; a forked child gets a fresh one."""
     return _process_loop
 
@@ -209,6 +209,6 @@ def _renew_process_loop() -> None:
     _process_loop.reset_after_fork()
 
 
-from . import _fork  # noqa: E402  (the loop module is imported by everything; register once)
+from . import fork as _fork  # noqa: E402  (the loop module is imported by everything; register once)
 
 _fork.after_fork(_renew_process_loop)

@@ -1,6 +1,6 @@
 """The per-call path: a traced call's span, its sampling decision, extraction and hand-off.
 
-The decorator (``decorator.py``) calls :meth:`CallState.begin` before the app's function and one
+The decorator (:mod:`.decorator`) calls :meth:`CallState.begin` before the app's function and one
 of the outcome methods after it. What happens on the caller's thread, in order:
 
 1. **Span.** An INTERNAL span named after the function is started and made current, so the app's
@@ -18,7 +18,7 @@ of the outcome methods after it. What happens on the caller's thread, in order:
    extracted, redacted or recorded for it.
 5. **Extraction and redaction** (sampled calls only), then the content attributes (capture on),
    with texts made encodable and capped (count of contexts and characters), and a job holding
-   the truncated texts goes to the worker, which never blocks.
+   the truncated texts goes to the job queue, which never blocks.
 
 Every span ends exactly once: ending goes through one guarded method, and in ``answer_span`` mode
 the job owns the span from the moment it is submitted (a refused job ends it at once).
@@ -35,11 +35,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from ._logging import log_failure
+from .._logging import log_failure
 from .extraction import CallInfo, ExtractionError, Extractor, cap_contexts
-from .otel import attributes as A
-from .otel.spans import content_attributes, record_exception
-from .result import Status
+from ..otel import attributes as A
+from ..otel.results import outcome_attributes, record_outcome
+from ..otel.spans import content_attributes, record_exception
+from ..result import Status
+from .job import EvaluationJob
 from .sampling import TRACE_ID_SAMPLERS, SamplingContext
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,7 +57,7 @@ class TraceOptions:
     """Per-decoration options: span name, extraction rules, evaluation overrides.
 
     Attributes:
-        name: span name. extractor: the :class:`~relevancy_tracer.extraction.Extractor`.
+        name: span name. extractor: the :class:`~relevancy_tracer.tracing.extraction.Extractor`.
         overrides: per-function evaluation settings. bound: the decorated callable is a bound
         method (args exclude self). stream: wrap (async) generators *returned* by a sync or
         async function, scoring the joined chunks (opt-in: the iterator is replaced by a
@@ -202,19 +204,17 @@ class CallState:
                 return
             if settings.capture_content and recording:
                 span.set_attributes(content_attributes(question, answer, contexts, settings.max_content_chars))
-            from .job import EvaluationJob
-
-            job = EvaluationJob(self, question, answer, contexts, end_time)
+            job = EvaluationJob(runtime, span, options.name, options.overrides, question, answer, contexts, end_time)
             if settings.attach == "answer_span":
                 self._ended = True  # the job owns the span from here: it ends it exactly once
                 try:
-                    runtime.worker.submit(job)  # a refused job is finished (and its span ended) at once
+                    runtime.jobs.submit(job)  # a refused job is finished (and its span ended) at once
                 except Exception:
                     log_failure("submitting an evaluation failed", settings.capture_content)
                     job.finish(Status.ERROR, "internal error", "submit")
             else:
                 try:
-                    runtime.worker.submit(job)  # a refused job marks this span dropped before it ends
+                    runtime.jobs.submit(job)  # a refused job marks this span dropped before it ends
                 finally:
                     self._end_span(end_time)
         except Exception as exc:
@@ -253,20 +253,15 @@ class CallState:
         content capture) and count it."""
         if self._ended:
             return
+        settings = self.runtime.settings
+        attrs = {A.STATUS: status}
         try:
-            attrs = dict(attributes) if attributes else {}
-            attrs[A.STATUS] = status
-            if error and self.runtime.settings.capture_content:
-                attrs[A.ERROR] = error
-            if error_type:
-                attrs[A.ERROR_TYPE] = error_type
-            if reason:
-                attrs[A.DROP_REASON] = reason
-            self.span.set_attributes(attrs)
+            attrs = outcome_attributes(status, capture_content=settings.capture_content, limit=settings.max_content_chars, error=error, error_type=error_type, reason=reason)
+            self.span.set_attributes({**attributes, **attrs} if attributes else attrs)
         except Exception:
             pass
         self._end_span(end_time)
         try:
-            self.runtime.metrics.count(self.options.name, status, reason=reason, error_type=error_type)
+            record_outcome(self.runtime.metrics, self.options.name, attrs, None)
         except Exception:
             pass

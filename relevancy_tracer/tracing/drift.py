@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from . import _fork
+from .._background import fork as _fork
 
 logger = logging.getLogger("relevancy_tracer.drift")
 

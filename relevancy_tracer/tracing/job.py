@@ -1,0 +1,160 @@
+"""The per-evaluation job: score one sampled call in the job queue and write the result
+(through :mod:`relevancy_tracer.otel.results`).
+
+Where a result goes (setting ``attach``):
+
+* ``answer_span``: the answer span was held open after the function returned, its end time
+  recorded; the job sets the ``relevancy.*`` attributes and a ``gen_ai.evaluation.result`` event
+  and ends it with that end time (``Span.end(end_time=...)``). Dropped, failed, timed out or
+  shut-down evaluations end it with ``relevancy.status`` saying why.
+* ``evaluation_span``: the answer span ended normally; the job emits an OpenInference EVALUATOR
+  span, child of and linked to it, with the same attributes and event (OpenInference's
+  annotation model: ended spans are immutable).
+
+Then, for every outcome: the metrics (count by status, score and duration by evaluator
+version), the drift detector (per traced function and evaluator version), and the ``on_result``
+hook. With content capture off nothing derived from the user's text leaves the job: no texts,
+no generated questions, no error messages (type and status only), and the hook receives the
+result without its texts.
+
+A job finishes exactly once (a lock guards it): the job queue may finish it (dropped, timeout,
+shutdown) while it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from .._logging import log_failure
+from ..otel import attributes as A
+from ..otel.results import emit_evaluator_span, evaluation_id, outcome_attributes, record_outcome, write_on_span
+from ..otel.spans import content_attributes, suppressed_instrumentation
+from ..result import RelevancyResult, Status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .runtime import Runtime
+
+logger = logging.getLogger("relevancy_tracer")
+
+
+@dataclass(frozen=True)
+class EvaluationOutcome:
+    """What the ``on_result`` hook receives when a sampled call's evaluation ends.
+
+    Attributes:
+        span_name: the traced function's span. status: scored | error | dropped | timeout |
+            shutdown. result: the :class:`RelevancyResult` (None when the evaluation never ran:
+            dropped, timed out, shut down); without content capture, its texts are removed
+            (:meth:`RelevancyResult.without_content`). trace_id, span_id: of the answer span, as
+            32 / 16 lowercase hex digits (e.g. for a link into the tracing UI).
+        question, answer: the texts that were scored (None when ``capture_content`` is off).
+    """
+
+    span_name: str
+    status: str
+    result: Optional[RelevancyResult]
+    trace_id: str
+    span_id: str
+    question: Optional[str] = None
+    answer: Optional[str] = None
+
+
+class EvaluationJob:
+    """One sampled call's evaluation, run by the job queue; finishes its span exactly once.
+
+    Args:
+        runtime: the tracer's runtime (settings, engine, tracer, metrics, drift, annotations).
+        span: the call's span (held open in ``answer_span`` mode, ended otherwise).
+        span_name: the traced function's span name. overrides: its per-function evaluation
+            settings. question, answer, contexts: the texts, already extracted and redacted.
+        end_time: when the call ended (Unix ns).
+
+    Holds the texts truncated to the scoring budgets (one character more, so the engine still
+    reports ``truncated``): a full queue holds bounded memory.
+    """
+
+    __slots__ = ("runtime", "span", "span_name", "overrides", "question", "answer", "contexts", "end_time", "deadline", "timeout", "span_context", "method", "_lock", "_done")
+
+    def __init__(self, runtime: "Runtime", span: Any, span_name: str, overrides: dict, question: str, answer: str, contexts: Optional[list[str]], end_time: int):
+        self.runtime = runtime
+        self.span = span
+        self.span_name = span_name
+        self.overrides = overrides
+        settings = runtime.settings
+        self.question = question[: settings.max_question_chars + 1] if isinstance(question, str) else question
+        self.answer = answer[: settings.max_answer_chars + 1] if isinstance(answer, str) else answer
+        self.contexts = contexts
+        self.end_time = end_time
+        self.deadline = time.monotonic() + settings.hold_timeout
+        self.timeout = settings.evaluation_timeout
+        self.span_context = span.get_span_context()
+        self.method = overrides.get("method", settings.method)
+        self._lock = threading.Lock()
+        self._done = False
+
+    async def run(self) -> None:
+        with suppressed_instrumentation():
+            result = await self.runtime.engine.ascore(self.question, self.answer, self.contexts, **self.overrides)
+        if result.ok:
+            self._complete(Status.SCORED, result=result)
+        else:
+            self._complete(Status.ERROR, result=result, error=result.error, error_type=result.status)
+
+    def finish(self, status: str, error: Optional[str] = None, reason: Optional[str] = None) -> None:
+        """Outcomes decided by the job queue: dropped, timeout, shutdown, error."""
+        self._complete(status, error=error, reason=reason, error_type="internal" if status == Status.ERROR else None)
+
+    def _complete(self, status: str, *, result: Optional[RelevancyResult] = None, error: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        runtime, span = self.runtime, self.span
+        settings = runtime.settings
+        capture = settings.capture_content
+        name = self.span_name
+        trace_hex, span_hex = format(self.span_context.trace_id, "032x"), format(self.span_context.span_id, "016x")
+        identifier = evaluation_id(trace_hex, span_hex, result.method if result is not None else self.method)
+        attrs: dict[str, Any] = {A.STATUS: status}
+        try:
+            attrs = outcome_attributes(status, result, capture_content=capture, limit=settings.max_content_chars, evaluation=identifier, error=error, error_type=error_type, reason=reason)
+            if settings.attach == "answer_span" or (status == Status.DROPPED and span.is_recording()):
+                write_on_span(span, attrs, result, timestamp=self.end_time)
+                if settings.attach == "answer_span":
+                    span.end(end_time=self.end_time)
+            else:
+                content = content_attributes(self.question, self.answer, None, settings.max_content_chars) if capture else None
+                emit_evaluator_span(runtime.otel_tracer, self.span_context, attrs, result, capture_content=capture, extra=content)
+        except Exception:
+            log_failure("writing a result failed", capture)
+            if settings.attach == "answer_span":
+                try:
+                    span.end(end_time=self.end_time)
+                except Exception:
+                    pass
+        if result is not None and result.ok and runtime.annotations is not None:
+            try:
+                from ..phoenix_annotations import annotation_for
+
+                annotation = annotation_for(result if capture else result.without_content(), span_hex, identifier, capture_content=capture)
+                if annotation is not None:
+                    runtime.annotations.submit(annotation)
+            except Exception:
+                log_failure("queueing a Phoenix annotation failed", capture)
+        try:
+            record_outcome(runtime.metrics, name, attrs, result)
+            if result is not None and result.ok and runtime.drift is not None:
+                runtime.drift.observe(name, float(result.score), evaluator_version=result.evaluator_version)  # type: ignore[arg-type]
+        except Exception:
+            log_failure("recording metrics failed", capture)
+        hook = settings.on_result
+        if hook is not None:
+            try:
+                shown = result if (result is None or capture) else result.without_content()
+                hook(EvaluationOutcome(name, status, shown, trace_hex, span_hex, self.question if capture else None, self.answer if capture else None))
+            except Exception:
+                log_failure("the on_result hook raised", capture)
