@@ -52,7 +52,7 @@ from relevancy_tracer.phoenix import evaluation_id  # noqa: E402
 from relevancy_tracer.service.jobs import ScoreRequest  # noqa: E402
 from relevancy_tracer.service.queue import DONE_PREFIX, STREAM, RedisStreamQueue  # noqa: E402
 from relevancy_tracer.service.writer import EVALUATED_SPAN_NAME, QUEUE_WAIT_MS  # noqa: E402
-from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver, RedisServer  # noqa: E402
+from relevancy_tracer_testing import FakeOpenAIServer, OTLPReceiver, RedisServer  # noqa: E402
 
 CLI = str(Path(sys.executable).parent / "relevancy-tracer")
 

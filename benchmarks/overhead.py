@@ -167,7 +167,7 @@ class HangingEndpoint:
     """A FakeOpenAIServer whose chat replies never come (until :meth:`stop`)."""
 
     def __init__(self) -> None:
-        from relevancy_tracer.testing import FakeOpenAIServer
+        from relevancy_tracer_testing import FakeOpenAIServer
 
         self._release = threading.Event()
 

@@ -29,7 +29,7 @@ from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.phoenix import evaluation_id
 from relevancy_tracer.service.jobs import ScoreRequest
 from relevancy_tracer.service.writer import EVALUATION_ID
-from relevancy_tracer.testing import RedisServer, Status
+from relevancy_tracer_testing import RedisServer, Status
 
 from ._observability import wait_until
 from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env

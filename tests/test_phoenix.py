@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from relevancy_tracer._phoenix import PhoenixServer, free_port
-from relevancy_tracer.testing import FakeOpenAIServer
+from relevancy_tracer_testing import FakeOpenAIServer
 
 from .conftest import ROOT, fake_model_env, subprocess_env
 

@@ -1,6 +1,15 @@
-"""A scriptable OpenAI-compatible HTTP server on 127.0.0.1, for tests and benchmarks.
+"""The lab's test servers on 127.0.0.1, shared by ``tests/`` and ``benchmarks/``: a scriptable
+OpenAI-compatible server (:class:`FakeOpenAIServer`), an OTLP receiver (:class:`OTLPReceiver`),
+a Redis launcher (:class:`RedisServer`) and scripted models for the model host
+(:class:`FakeHostChatModel`, :class:`FakeHostEmbedder`, named as ``relevancy_tracer_testing:NAME``).
 
-Serves ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``GET /v1/models`` over real
+Not part of the product: this package sits beside ``relevancy_tracer/`` in the checkout and is
+not in the wheel (setup.py discovers only ``relevancy_tracer.*``; ``tests/test_wheel.py`` checks
+it). Users testing their own apps need none of it: the fake server's default replies answer this
+package's own prompts and its scripts inject the faults the tracer is tested against. It is
+importable from the repository root (pytest's rootdir, ``python -m benchmarks.NAME``).
+
+The OpenAI-compatible server serves ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``GET /v1/models`` over real
 HTTP/1.1 (keep-alive), so the ``openai`` client's timeouts, retries and connection handling are
 exercised for real. Replies are either scripted (a queue per endpoint) or produced by default
 responders that understand this package's prompts. Every request body is recorded.
@@ -33,7 +42,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional, Union
 
-from .scoring import prompts
+from relevancy_tracer.scoring import prompts
+from relevancy_tracer.service.otlp import attributes as _attributes
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -191,7 +201,7 @@ HOLD_FILE_ENV = "RELEVANCY_TRACER_TEST_HOLD_FILE"
 
 class FakeHostChatModel:
     """A scripted :class:`~relevancy_tracer.models.base.ChatModel` the model host can run
-    instead of llama.cpp (``llm_model="relevancy_tracer.testing:FakeHostChatModel"``): replies
+    instead of llama.cpp (``llm_model="relevancy_tracer_testing:FakeHostChatModel"``): replies
     :func:`default_chat_reply`, instantly, unless the file named by :data:`HOLD_FILE_ENV`
     exists, in which case each request waits until it is removed."""
 
@@ -201,7 +211,7 @@ class FakeHostChatModel:
         import asyncio
         import os
 
-        from .models.base import ChatReply
+        from relevancy_tracer.models.base import ChatReply
 
         hold = os.environ.get(HOLD_FILE_ENV)
         while hold and os.path.exists(hold):
@@ -214,14 +224,14 @@ class FakeHostChatModel:
 
 class FakeHostEmbedder:
     """:func:`hashed_embedding` as an :class:`~relevancy_tracer.models.base.Embedder` for the
-    model host (``embedding_model="relevancy_tracer.testing:FakeHostEmbedder"``)."""
+    model host (``embedding_model="relevancy_tracer_testing:FakeHostEmbedder"``)."""
 
     name = "fake-host-embed"
 
     async def embed(self, texts: Any) -> Any:
         import numpy as np
 
-        from .models.base import EmbeddingReply
+        from relevancy_tracer.models.base import EmbeddingReply
 
         return EmbeddingReply(vectors=np.asarray([hashed_embedding(t) for t in texts], dtype=np.float32), model=self.name)
 
@@ -449,21 +459,6 @@ class FakeOpenAIServer:
 
 
 # ------------------------------------------------------------------------------- OTLP receiver
-
-
-def _any_value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [_any_value(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _any_value(kv.value) for kv in value.kvlist_value.values}
-    return getattr(value, kind)
-
-
-def _attributes(items: Any) -> dict:
-    return {kv.key: _any_value(kv.value) for kv in items}
 
 
 class OTLPReceiver:
