@@ -52,9 +52,9 @@ test: $(VENV)/.installed-dev system-deps
 	.venv-bench/bin/python -m pip install -e '.[bench]'
 
 bench: .venv-bench/bin/python $(VENV)/.installed-demo
-	.venv-bench/bin/python benchmarks/throughput.py
-	.venv-bench/bin/python benchmarks/overhead.py
-	$(PY) benchmarks/quality.py
+	.venv-bench/bin/python -m benchmarks.throughput
+	.venv-bench/bin/python -m benchmarks.overhead
+	$(PY) -m benchmarks.quality
 
 clean:
 	rm -rf $(VENV) .phoenix .work

@@ -17,8 +17,8 @@ tracing backend (workers acknowledge a job only after its EVALUATOR span was exp
    ``Retry-After``, as the OTLP exporters and the Collector do. Then every span offered must be
    scored exactly once: lost = offered - done.
 
-    python benchmarks/fleet.py                        # 1, 2, 4 workers; overload 10x for 60 s
-    python benchmarks/fleet.py --overload-seconds 0   # scaling only
+    python -m benchmarks.fleet                        # 1, 2, 4 workers; overload 10x for 60 s
+    python -m benchmarks.fleet --overload-seconds 0   # scaling only
 
 Needs ``redis-server`` (``make system-deps``) and the ``service`` extra (redis-py).
 """
@@ -43,10 +43,8 @@ from typing import Any, Optional
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _paths import relative  # noqa: E402
 
-sys.path.insert(0, str(HERE.parent))
+from benchmarks._paths import relative  # noqa: E402
 
 from relevancy_tracer.phoenix import evaluation_id  # noqa: E402
 from relevancy_tracer.service.jobs import ScoreRequest  # noqa: E402

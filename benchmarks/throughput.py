@@ -29,8 +29,8 @@ rotated each round; the reported rate is the median round.
 
 Usage::
 
-    .venv-bench/bin/python benchmarks/throughput.py            # 200 rows x 5 rounds
-    .venv-bench/bin/python benchmarks/throughput.py --quick    # 40 rows x 1 round
+    .venv-bench/bin/python -m benchmarks.throughput            # 200 rows x 5 rounds
+    .venv-bench/bin/python -m benchmarks.throughput --quick    # 40 rows x 1 round
 
 Writes benchmarks/results/throughput.json (or ``--out``).
 """
@@ -57,10 +57,8 @@ os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")  # ragas's usage analytics: 
 os.environ.setdefault("OPENAI_API_KEY", "benchmark-key")  # the fake server accepts any key
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _paths import relative  # noqa: E402
 
-sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
+from benchmarks._paths import relative  # noqa: E402
 
 from relevancy_tracer_testing import FakeOpenAIServer, count_tokens, default_chat_reply  # noqa: E402
 
