@@ -330,7 +330,23 @@ class _Server(ThreadingHTTPServer):
     owner: "FakeOpenAIServer"
 
 
-class FakeOpenAIServer:
+class _Served:
+    """A context manager: ``with X() as x`` starts it (``start()`` returns it) and stops it."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class FakeOpenAIServer(_Served):
     """An OpenAI-compatible server on 127.0.0.1 and a free port, in a background thread.
 
     Args:
@@ -390,11 +406,6 @@ class FakeOpenAIServer:
         if self._thread is not None:
             self._thread.join(5)
 
-    def __enter__(self) -> "FakeOpenAIServer":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     # -- inspection
     def _record(self, kind: str, body: dict, headers: dict) -> None:
@@ -461,7 +472,7 @@ class FakeOpenAIServer:
 # ------------------------------------------------------------------------------- OTLP receiver
 
 
-class OTLPReceiver:
+class OTLPReceiver(_Served):
     """A minimal OTLP receiver on 127.0.0.1: OTLP/HTTP (protobuf, gzip) and OTLP/gRPC.
 
     Decodes every exported span into a dict (``name``, ``trace_id``, ``span_id``,
@@ -529,11 +540,6 @@ class OTLPReceiver:
         if self._grpc_server is not None:
             self._grpc_server.stop(0)
 
-    def __enter__(self) -> "OTLPReceiver":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     # -- decoding
     def add_traces(self, request: Any) -> None:
@@ -559,9 +565,7 @@ class OTLPReceiver:
                             "scope": scope_spans.scope.name,
                         }
                     )
-        with self._changed:
-            self.spans.extend(decoded)
-            self._changed.notify_all()
+        self._add(self.spans, decoded)
 
     def add_logs(self, request: Any) -> None:
         decoded = []
@@ -577,20 +581,11 @@ class OTLPReceiver:
                             "time": record.time_unix_nano,
                         }
                     )
-        with self._changed:
-            self.logs.extend(decoded)
-            self._changed.notify_all()
+        self._add(self.logs, decoded)
 
     def wait_for_logs(self, predicate: Callable[[list[dict]], bool], timeout: float = 30.0) -> list[dict]:
         """Block until ``predicate(log records)`` holds (or ``timeout`` s); returns the records."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not predicate(self.logs):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._changed.wait(remaining)
-            return list(self.logs)
+        return self._wait_for(self.logs, predicate, timeout)
 
     def add_metrics(self, request: Any) -> None:
         decoded = []
@@ -605,20 +600,26 @@ class OTLPReceiver:
                         else:
                             value = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
                         decoded.append((metric.name, attrs, value))
-        with self._changed:
-            self.metrics.extend(decoded)
-            self._changed.notify_all()
+        self._add(self.metrics, decoded)
 
     def wait_for_spans(self, predicate: Callable[[list[dict]], bool], timeout: float = 30.0) -> list[dict]:
         """Block until ``predicate(spans)`` holds (or ``timeout`` s); returns the spans."""
+        return self._wait_for(self.spans, predicate, timeout)
+
+    def _wait_for(self, received: list, predicate: Callable[[list], bool], timeout: float) -> list:
         deadline = time.monotonic() + timeout
         with self._changed:
-            while not predicate(self.spans):
+            while not predicate(received):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._changed.wait(remaining)
-            return list(self.spans)
+            return list(received)
+
+    def _add(self, received: list, decoded: list) -> None:
+        with self._changed:
+            received.extend(decoded)
+            self._changed.notify_all()
 
 
 class _OTLPHandler(BaseHTTPRequestHandler):

@@ -16,11 +16,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("RELEVANCY_TRACER_SHARED", ROOT.parent / "shared"))
 WIKIEVAL = SHARED / "data" / "wikieval_dev.jsonl"
 
-# The lab's test servers (relevancy_tracer_testing, beside the package, not in the wheel) are
-# imported from the checkout, also by the processes tests start: the model host loads the
-# scripted models by name (``relevancy_tracer_testing:FakeHostChatModel``).
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
