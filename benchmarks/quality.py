@@ -85,7 +85,7 @@ def load_items(sets: Iterable[str], limit: Optional[int] = None) -> list[dict]:
     """Items to score: one per (set, row id, candidate answer).
 
     ``limit`` takes the first N rows of each set in a fixed hash order (a stable subset for
-    iterating); the figures in the README use every row.
+    iterating); the figures in docs/quality.md use every row.
     """
     items: list[dict] = []
     for name in sets:
