@@ -513,6 +513,47 @@ def test_half_open_and_slow_connections_are_bounded_and_timed_out(server, no_exp
         service.stop(10)
 
 
+def test_a_request_over_the_connection_limit_gets_a_retryable_503_not_a_reset(server, no_exports):
+    """With every connection slot held, an exporter that sends its whole 2 MiB body before
+    reading (as http.client, urllib3 and the OTLP exporters do) reads the 503 with Retry-After:
+    the receiver drains what it sends instead of closing on unread bytes (a TCP reset). Each
+    refusal is counted with its reason; once a slot frees the same request is taken."""
+    from relevancy_tracer.service import ScoringService
+    from relevancy_tracer.service.receiver import ReceiverLimits
+
+    limits = ReceiverLimits(max_connections=4, idle_timeout=5.0, body_timeout=5.0)
+    service = ScoringService(openai_settings(server), http_port=0, grpc_port=None, limits=limits).start()
+    port = service.server.http_port
+    reasons: list[str] = []
+    counted = service.server.count_refusal
+    service.server.count_refusal = lambda protocol, reason: (reasons.append(reason), counted(protocol, reason))
+    body = export_request(chain_span("Where is Pau?", "Pau is in the south-west. " + "x" * (2 << 20))).SerializeToString()
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
+    try:
+        for _ in range(5):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
+                reply = connection.getresponse()
+                assert reply.status == 503 and reply.getheader("Retry-After") == "1"
+                assert b"too many connections" in reply.read()
+            finally:
+                connection.close()
+        assert reasons == ["too_many_connections"] * 5 and service.refused == 5
+    finally:
+        for sock in held:
+            sock.close()
+    status = 503
+    for _ in range(50):  # the held connections' handlers are released as their sockets close
+        status = urllib_post(port, body)
+        if status != 503:
+            break
+    try:
+        assert status == 200
+    finally:
+        service.stop(10)
+
+
 def read_until_closed(sock: socket.socket) -> bytes:
     """Everything the server sends until it closes; socket.timeout if it never does."""
     data = b""

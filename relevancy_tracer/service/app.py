@@ -282,9 +282,9 @@ class ScoringService:
             backlog = 0
         return self.drain.retry_after(backlog)
 
-    def _refused(self, protocol: str) -> None:
+    def _refused(self, protocol: str, reason: str = "queue_full") -> None:
         self.refused += 1
-        self.telemetry.refused.add(1, {"rpc.system": "grpc" if protocol == "grpc" else "http"})
+        self.telemetry.refused.add(1, {"rpc.system": "grpc" if protocol == "grpc" else "http", "error.type": reason})
 
     def flush(self, timeout: float = 30.0) -> bool:
         """In process: wait until every queued evaluation was written, then export."""

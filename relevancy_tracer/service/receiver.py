@@ -162,14 +162,49 @@ class _ClientErrorLog(logging.LoggerAdapter):
 
 
 class _Busy(asyncio.Protocol):
-    """A connection above ``max_connections``: answered 503 (retryable) and closed."""
+    """A connection above ``max_connections``: answered 503 (retryable), then closed lingering.
+
+    Closing a socket with unread bytes in its receive buffer makes the kernel send a TCP RST,
+    which discards the 503 before a client that sends its whole body first (urllib3, the OTLP
+    exporters) reads it: the client sees a reset, not a retryable answer. So, like aiohttp's own
+    lingering close: the reply is written, the write side shut (FIN) where the transport can,
+    and what the client still sends is read and dropped until it closes or ``linger`` seconds
+    pass (at most ``max_bytes``); then the socket is closed. At most ``max_lingering`` such
+    connections linger at once (more are closed at once), so a flood holds bounded sockets.
+    """
 
     BODY = b'{"code":14,"message":"too many connections; retry later"}'
     REPLY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
 
+    def __init__(self, lingering: set, linger: float, max_bytes: int, max_lingering: int):
+        self.lingering, self.linger, self.left, self.max_lingering = lingering, linger, max_bytes, max_lingering
+        self.transport: Any = None
+        self.timer: Optional[asyncio.TimerHandle] = None
+
     def connection_made(self, transport: Any) -> None:
+        self.transport = transport
         transport.write(self.REPLY)
-        transport.close()
+        if len(self.lingering) >= self.max_lingering:
+            transport.close()
+            return
+        self.lingering.add(self)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.timer = asyncio.get_running_loop().call_later(self.linger, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.left -= len(data)
+        if self.left < 0:
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        self.transport.close()
+        return False
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self.lingering.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 class OTLPServer:
@@ -181,7 +216,10 @@ class OTLPServer:
         accept_logs: ``accept_logs(ExportLogsServiceRequest) -> Admission``; None: no logs
             receiver (``/v1/logs`` answers 404, ``LogsService`` UNIMPLEMENTED).
         host: bind address. http_port, grpc_port: ports (0: a free port; None: that protocol off).
-        retry_after: ``retry_after() -> int`` seconds for refusals. on_refusal: ``fn(protocol)``.
+        retry_after: ``retry_after() -> int`` seconds for refusals. on_refusal: ``fn(protocol,
+            reason)`` for each retryable refusal; protocol ``"http"`` or ``"grpc"``, reason
+            ``"queue_full"`` (429 / UNAVAILABLE), ``"too_many_connections"`` (503 on connect) or
+            ``"too_many_requests"`` (503: no body slot within ``body_timeout``).
         token: when set, every export request must carry ``Authorization: Bearer <token>``
             (HTTP header, gRPC metadata); ``/healthz`` stays open.
         tls_cert, tls_key: PEM files; both set: HTTPS and gRPC over TLS.
@@ -201,7 +239,7 @@ class OTLPServer:
         http_port: Optional[int] = 4318,
         grpc_port: Optional[int] = 4317,
         retry_after: Callable[[], int] = lambda: 5,
-        on_refusal: Callable[[str], None] = lambda protocol: None,
+        on_refusal: Callable[[str, str], None] = lambda protocol, reason: None,
         token: Optional[str] = None,
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
@@ -302,13 +340,16 @@ class OTLPServer:
 
         loop = asyncio.get_running_loop()
         opening: dict[Any, float] = {}  # handlers made but not yet connected (accepts come in bursts)
+        lingering: set = set()  # connections answered 503, draining what their client still sends
+        linger = min(10.0, limits.body_timeout)
 
         def connection() -> asyncio.Protocol:
             now = loop.time()
             for handler in [h for h, made in opening.items() if h.transport is not None or now - made > limits.idle_timeout]:
                 del opening[handler]  # connected (now in .connections), or its TLS handshake failed
             if len(self._web.connections) + len(opening) >= limits.max_connections:
-                return _Busy()
+                self.count_refusal("http", "too_many_connections")
+                return _Busy(lingering, linger, limits.max_request_bytes, limits.max_connections)
             handler = self._web()
             opening[handler] = now
             return handler
@@ -356,6 +397,7 @@ class OTLPServer:
         try:
             await asyncio.wait_for(self._slots.acquire(), self.limits.body_timeout)
         except asyncio.TimeoutError:
+            self.count_refusal("http", "too_many_requests")
             return error(503, UNAVAILABLE, "too many requests in progress; retry later", {"Retry-After": "1"})
         decoding = None
         try:
@@ -386,7 +428,7 @@ class OTLPServer:
                 self._slots.release()
         if isinstance(outcome, Admission):
             if not outcome.accepted:
-                self.count_refusal("http")
+                self.count_refusal("http", "queue_full")
                 return error(429, UNAVAILABLE, "the scoring queue is full; retry later", {"Retry-After": str(self.retry_after())})
             return web.Response(body=_encode(_response(outcome, signal), is_json), content_type="application/json" if is_json else "application/x-protobuf")
         if isinstance(outcome, OTLPDecodeError):
@@ -485,7 +527,7 @@ class OTLPServer:
         if admission is None:
             context.abort(grpc.StatusCode.INTERNAL, problem)
         if not admission.accepted:
-            self.count_refusal("grpc")
+            self.count_refusal("grpc", "queue_full")
             context.set_trailing_metadata((("retry-after", str(self.retry_after())),))
             context.abort(grpc.StatusCode.UNAVAILABLE, "the scoring queue is full; retry later")
         return _response(admission, signal)

@@ -72,7 +72,7 @@ class ServiceTelemetry:
         self.logger = self.logger_provider.get_logger("relevancy_tracer")
         self.metrics = RelevancyMetrics(str(self.resource.attributes.get("service.name", "relevancy-tracer")), queue_depth or (lambda: 0), meter_provider=self.meter_provider)
         meter = self.meter_provider.get_meter("relevancy_tracer")
-        self.refused = meter.create_counter("relevancy.service.refused", unit="{request}", description="OTLP export requests refused with a retryable code (queue at its bound)")
+        self.refused = meter.create_counter("relevancy.service.refused", unit="{request}", description="OTLP export requests and connections refused with a retryable code, by error.type: queue_full (429 / UNAVAILABLE), too_many_connections (503 on connect), too_many_requests (503: no body slot in time)")
         self.reclaimed = meter.create_counter("relevancy.service.reclaimed", unit="{evaluation}", description="Pending jobs reclaimed from the Redis Stream (their worker died, or released them after a transient failure)")
         self.retried = meter.create_counter("relevancy.service.retried", unit="{evaluation}", description="Jobs left pending for redelivery with backoff after a transient failure, by error.type")
         self.dead_lettered = meter.create_counter("relevancy.service.dead_lettered", unit="{evaluation}", description="Jobs moved to the dead-letter stream (malformed, or failed on their max_deliveries-th delivery), by error.type")
