@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test venv dev-venv system-deps bench clean
+.PHONY: demo test venv dev-venv system-deps bench docs clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,15 +46,19 @@ system-deps:
 test: $(VENV)/.installed-dev system-deps
 	$(PY) -m pytest -ra
 
+# The documentation site (docs/, mkdocs.yml) into site/; `make test` builds it too (tests/test_docs.py).
+docs: $(VENV)/.installed-dev
+	$(VENV)/bin/mkdocs build --strict -d site
+
 # Peers (ragas, traceloop, langfuse) live in their own venv: their pins clash with the dev tools.
 .venv-bench/bin/python:
 	$(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/python -m pip install -e '.[bench]'
 
 bench: .venv-bench/bin/python $(VENV)/.installed-demo
-	.venv-bench/bin/python benchmarks/throughput.py
-	.venv-bench/bin/python benchmarks/overhead.py
-	$(PY) benchmarks/quality.py
+	.venv-bench/bin/python -m benchmarks.throughput
+	.venv-bench/bin/python -m benchmarks.overhead
+	$(PY) -m benchmarks.quality
 
 clean:
-	rm -rf $(VENV) .phoenix .work
+	rm -rf $(VENV) .phoenix .work site

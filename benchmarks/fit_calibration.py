@@ -17,7 +17,7 @@ Platt is the default because it is strictly increasing: the calibrated score kee
 ranking (pairwise accuracy and AUROC unchanged), where isotonic regression's flat steps tie
 answers the raw score orders.
 
-    python benchmarks/fit_calibration.py --config ragas_judge [--recompute-raw]
+    python -m benchmarks.fit_calibration --config ragas_judge [--recompute-raw]
 
 ``--recompute-raw`` refits after a change of ragas_judge's combination only: the records'
 components are the same model calls' outputs, so their raw scores are recomputed exactly.
@@ -39,8 +39,6 @@ from typing import Any, Optional
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
 
 from relevancy_tracer.config import Settings  # noqa: E402
 from relevancy_tracer.scoring.calibration import (  # noqa: E402
@@ -48,7 +46,7 @@ from relevancy_tracer.scoring.calibration import (  # noqa: E402
     balanced_accuracy,
     cross_validated,
     expected_calibration_error,
-    fit_calibration,
+    fit_evaluator_calibration,
     reliability_table,
 )
 from relevancy_tracer.scoring.engine import Engine  # noqa: E402
@@ -65,9 +63,10 @@ def parse_rows(text: str) -> dict[str, int]:
 
 
 def load(records_path: Path, config: str) -> list[dict]:
+    from benchmarks.quality import read_records
+
     latest: dict[tuple, dict] = {}
-    for line in records_path.read_text(encoding="utf-8").splitlines():
-        r = json.loads(line)
+    for r in read_records(records_path):
         if r.get("config") == config and r.get("raw") is not None and r.get("status") == "scored":
             latest[(r["set"], r["id"], r["cand"])] = r
     return list(latest.values())
@@ -87,7 +86,7 @@ def summary(probs: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> dict[str
 def evaluate_held_out(records: list[dict], calibration_path: Path, fitted_limits: dict[str, int]) -> int:
     """Print ECE [95% CI], AUROC and label balanced accuracy of ``calibration_path`` on the
     records outside the first ``fitted_limits[set]`` rows of each set (hash order)."""
-    from quality import _ci, load_items
+    from benchmarks.quality import _ci, load_items
 
     from relevancy_tracer.scoring.evaluator import load_calibration
 
@@ -117,7 +116,7 @@ def evaluate_held_out(records: list[dict], calibration_path: Path, fitted_limits
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="ragas_judge", help="config name in the records (the default method's run)")
-    parser.add_argument("--records", type=Path, default=HERE / "results" / "quality_records.jsonl")
+    parser.add_argument("--records", type=Path, default=HERE / "results" / "quality_records.jsonl.gz", help="quality.py's records (gzip when the name ends in .gz)")
     parser.add_argument("--out", type=Path, default=None, help="default: relevancy_tracer/calibrations/<method>-local.json")
     parser.add_argument("--report", type=Path, default=HERE / "results" / "calibration.json")
     parser.add_argument("--recompute-raw", action="store_true", help="raw recomputed from the records' components by the current ragas_judge combination (the records' own evaluator version then differs by the combination only)")
@@ -129,13 +128,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     records = load(args.records, args.config)
     if args.recompute_raw:
-        from quality import SETS, load_items, recompute_ragas_judge
+        from benchmarks.quality import SETS, load_items, recompute_ragas_judge
 
         records = recompute_ragas_judge(records, load_items(SETS))
     if args.evaluate is not None:
         return evaluate_held_out(records, args.evaluate, parse_rows(args.held_out))
     if args.fit_rows != "all":
-        from quality import load_items
+        from benchmarks.quality import load_items
 
         fit = {(it["set"], it["id"]) for name, limit in parse_rows(args.fit_rows).items() for it in load_items([name], limit)}
         records = [r for r in records if (r["set"], r["id"]) in fit]
@@ -170,19 +169,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{kind:8s} cross-validated ECE: pooled {entry['pooled']['ece']:.3f}, human {entry['human'].get('ece', float('nan')):.3f}, pairs {entry['pairs'].get('ece', float('nan')):.3f}; label balanced accuracy pooled {entry['label_balanced_accuracy_pooled']:.3f}, human {entry['label_balanced_accuracy_human']}")
     chosen = args.kind
     sources = sorted(set(sets.tolist()))
-    calibration = fit_calibration(
+    calibration, _ = fit_evaluator_calibration(
         raw,
         labels,
         chosen,
         method=settings.method,
         models=(models.llm.name, models.embedder.name if models.embedder else ""),
-        fitted_on={
-            "raw_fingerprint": fingerprint,
-            "source": "../shared/data dev sets: " + ", ".join(sources) + f" (benchmarks/fit_calibration.py; first rows {args.fit_rows})",
-            "rows": int(len(raw)),
-            "positives": int(labels.sum()),
-        },
-        metrics={"auroc": report["auroc_raw"], "ece_cross_validated": report["kinds"][chosen]["pooled"]["ece"], "folds": 5},
+        raw_fingerprint=fingerprint,
+        source="../shared/data dev sets: " + ", ".join(sources) + f" (benchmarks/fit_calibration.py; first rows {args.fit_rows})",
+        folds=5,
+        groups=groups,
     )
     report["chosen"] = chosen
     report["fingerprint"] = fingerprint

@@ -17,8 +17,8 @@ tracing backend (workers acknowledge a job only after its EVALUATOR span was exp
    ``Retry-After``, as the OTLP exporters and the Collector do. Then every span offered must be
    scored exactly once: lost = offered - done.
 
-    python benchmarks/fleet.py                        # 1, 2, 4 workers; overload 10x for 60 s
-    python benchmarks/fleet.py --overload-seconds 0   # scaling only
+    python -m benchmarks.fleet                        # 1, 2, 4 workers; overload 10x for 60 s
+    python -m benchmarks.fleet --overload-seconds 0   # scaling only
 
 Needs ``redis-server`` (``make system-deps``) and the ``service`` extra (redis-py).
 """
@@ -43,16 +43,14 @@ from typing import Any, Optional
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _paths import relative  # noqa: E402
 
-sys.path.insert(0, str(HERE.parent))
+from benchmarks._paths import relative  # noqa: E402
 
 from relevancy_tracer.otel import attributes as A  # noqa: E402
 from relevancy_tracer.otel.results import evaluation_id  # noqa: E402
 from relevancy_tracer.service.jobs import ScoreRequest  # noqa: E402
 from relevancy_tracer.service.queue import DONE_PREFIX, STREAM, RedisStreamQueue  # noqa: E402
-from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver, RedisServer  # noqa: E402
+from relevancy_tracer_testing import FakeOpenAIServer, OTLPReceiver, RedisServer  # noqa: E402
 
 CLI = str(Path(sys.executable).parent / "relevancy-tracer")
 

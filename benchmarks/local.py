@@ -23,9 +23,9 @@ model-heavy process runs at a time.
 
 Usage (from the repository root, after ``make bench``'s venvs exist)::
 
-    .venv/bin/python benchmarks/local.py                 # 10 English + 10 Chinese reference rows
-    .venv/bin/python benchmarks/local.py --rows 6 --threads 2
-    .venv/bin/python benchmarks/local.py --concurrency 4 --out benchmarks/results/local_c4.json
+    .venv/bin/python -m benchmarks.local                 # 10 English + 10 Chinese reference rows
+    .venv/bin/python -m benchmarks.local --rows 6 --threads 2
+    .venv/bin/python -m benchmarks.local --concurrency 4 --out benchmarks/results/local_c4.json
 """
 
 from __future__ import annotations
@@ -44,10 +44,8 @@ from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
-import quality  # noqa: E402
+from benchmarks import quality  # noqa: E402
 
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 
@@ -240,8 +238,8 @@ def run_ragas(items: list[dict], gguf: Path, threads: int, embedding_model: str,
         with urllib.request.urlopen(urllib.request.Request(url + "/chat/completions", data=warm, headers={"Content-Type": "application/json"}), timeout=300):  # noqa: S310 - local URL
             pass
         mark = proxy.mark()
-        command = [str(BENCH_PYTHON), str(Path(__file__).resolve()), "--ragas-worker", "--items", str(items_path), "--results", str(results_path), "--llm-url", proxy.url, "--embed-url", embeddings.url, "--concurrency", str(concurrency)]
-        subprocess.run(command, check=True, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+        command = [str(BENCH_PYTHON), "-m", "benchmarks.local", "--ragas-worker", "--items", str(items_path), "--results", str(results_path), "--llm-url", proxy.url, "--embed-url", embeddings.url, "--concurrency", str(concurrency)]
+        subprocess.run(command, check=True, cwd=ROOT, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
         requests = proxy.since(mark)
         written = json.loads(results_path.read_text(encoding="utf-8"))
         return written["results"], requests, written["wall_seconds"]

@@ -18,8 +18,8 @@ last flush), private memory (USS, psutil) of each app process and of the host, a
 llama.cpp contexts and threads on the machine: processes that map the GGUF file, and the sum
 of their threads.
 
-    python benchmarks/model_host.py latency --seconds 40 --out benchmarks/results/model_host_latency.json
-    python benchmarks/model_host.py forked --workers 4 --answers 2 --out benchmarks/results/model_host_forked.json
+    python -m benchmarks.model_host latency --seconds 40 --out benchmarks/results/model_host_latency.json
+    python -m benchmarks.model_host forked --workers 4 --answers 2 --out benchmarks/results/model_host_forked.json
 
 Run one model-heavy job at a time on the machine (llama.cpp slows about tenfold when another
 busy process shares the cores), with ``OMP_WAIT_POLICY=PASSIVE``.
@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
 
 PAIRS = [
     ("Where is France and what is its capital?", "France is in western Europe and Paris is its capital."),
@@ -159,7 +159,7 @@ def latency(args) -> dict:
     n = calibrate()
     rows = {}
     for variant in args.variants.split(","):
-        out = subprocess.run([sys.executable, __file__, "latency-child", variant, str(args.seconds), str(n), str(args.period)], capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-m", "benchmarks.model_host", "latency-child", variant, str(args.seconds), str(n), str(args.period)], capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             raise SystemExit(f"{variant} failed:\n{out.stderr[-3000:]}")
         rows[variant] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -260,7 +260,7 @@ def forked(args) -> dict:
     rows = []
     layouts = [("in-process", 1, args.workers * args.answers), ("in-process", args.workers, args.answers), ("host", args.workers, args.answers)]
     for mode, workers, answers in layouts:
-        out = subprocess.run([sys.executable, __file__, "forked-child", mode, str(workers), str(answers)], capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-m", "benchmarks.model_host", "forked-child", mode, str(workers), str(answers)], capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             raise SystemExit(f"{mode} x{workers} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -47,8 +47,8 @@ depth and the number of spans already ended.
 
 Usage::
 
-    .venv-bench/bin/python benchmarks/overhead.py            # 200k timed calls per variant, 1M-call RSS run
-    .venv-bench/bin/python benchmarks/overhead.py --quick    # 20k calls per variant, 100k-call RSS run
+    .venv-bench/bin/python -m benchmarks.overhead            # 200k timed calls per variant, 1M-call RSS run
+    .venv-bench/bin/python -m benchmarks.overhead --quick    # 20k calls per variant, 100k-call RSS run
 
 Writes benchmarks/results/overhead.json (or ``--out``).
 """
@@ -70,10 +70,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _paths import relative  # noqa: E402
 
-sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
+from benchmarks._paths import ROOT, relative  # noqa: E402
 
 # No network exporters, no telemetry, no auto-instrumentation, for every library in the process.
 for _key, _value in {
@@ -167,7 +165,7 @@ class HangingEndpoint:
     """A FakeOpenAIServer whose chat replies never come (until :meth:`stop`)."""
 
     def __init__(self) -> None:
-        from relevancy_tracer.testing import FakeOpenAIServer
+        from relevancy_tracer_testing import FakeOpenAIServer
 
         self._release = threading.Event()
 
@@ -497,8 +495,8 @@ def run_child(arguments: list[str], timeout: float) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         path = handle.name
     try:
-        command = [sys.executable, str(Path(__file__).resolve()), *arguments, "--child-out", path]
-        completed = subprocess.run(command, timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        command = [sys.executable, "-m", "benchmarks.overhead", *arguments, "--child-out", path]
+        completed = subprocess.run(command, cwd=ROOT, timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if completed.returncode != 0:
             raise RuntimeError(f"child {arguments} failed ({completed.returncode}):\n{completed.stderr[-4000:]}")
         return json.loads(Path(path).read_text())

@@ -19,11 +19,12 @@ human: over answers). A word-overlap baseline (share of the question's content w
 answer; character bigrams for Chinese) is reported on the same items.
 
 Every scored item is appended to a JSON Lines records file as soon as it is done, keyed by
-(config, set, id, candidate), so runs are resumable and reports can be rebuilt without models::
+(config, set, id, candidate), so runs are resumable and reports can be rebuilt without models
+(``--records``, default ``benchmarks/results/quality_records.jsonl.gz``: gzip, appended in place)::
 
-    python benchmarks/quality.py --configs default                   # the default on every set
-    python benchmarks/quality.py --configs default,ragas,direct --limit 40   # 40 rows per set
-    python benchmarks/quality.py --report-only                       # tables from the records
+    python -m benchmarks.quality --configs default                   # the default on every set
+    python -m benchmarks.quality --configs default,ragas,direct --limit 40   # 40 rows per set
+    python -m benchmarks.quality --report-only                       # tables from the records
 
 Configs are a method name with optional overrides, ``name:key=value;key=value`` (e.g.
 ``ragas_raw:method=ragas;noncommittal=all``). Outputs: Markdown tables on stdout and in
@@ -33,21 +34,22 @@ Configs are a method name with optional overrides, ``name:key=value;key=value`` 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
 import re
 import sys
 import time
+import zlib
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import IO, Any, Callable, Iterable, Optional
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
 
 from relevancy_tracer.config import Settings  # noqa: E402
 from relevancy_tracer.scoring.restatement import STOP_WORDS  # noqa: E402
@@ -83,7 +85,7 @@ def load_items(sets: Iterable[str], limit: Optional[int] = None) -> list[dict]:
     """Items to score: one per (set, row id, candidate answer).
 
     ``limit`` takes the first N rows of each set in a fixed hash order (a stable subset for
-    iterating); the figures in the README use every row.
+    iterating); the figures in docs/quality.md use every row.
     """
     items: list[dict] = []
     for name in sets:
@@ -151,9 +153,39 @@ def parse_config(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def read_records(path: Path) -> list[dict]:
+    """The records of a JSON Lines file, plain or gzip-compressed (a ``.gz`` name: concatenated
+    gzip members, as :func:`append_records` makes them). A run killed while appending leaves an
+    unfinished gzip member or a cut last line: what it holds is read, the cut line left out, so
+    the next run resumes. A missing file has no records."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        text = bytearray()
+        while data:
+            member = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
+            text += member.decompress(data)
+            if not member.eof:  # unfinished member: the data it flushed is all there is
+                break
+            data = member.unused_data
+        data = bytes(text)
+    lines = [line for line in data.decode("utf-8").split("\n") if line.strip()]
+    records = [json.loads(line) for line in lines[:-1]]
+    if lines:
+        try:
+            records.append(json.loads(lines[-1]))
+        except json.JSONDecodeError:  # cut off by a killed run
+            pass
+    return records
+
+
+def append_records(path: Path) -> IO[str]:
+    """``path`` opened for appending records, one JSON line each; a ``.gz`` name appends a gzip
+    member (flush after each record: a killed run keeps every flushed record)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        return gzip.open(path, "at", encoding="utf-8")
+    return path.open("a", encoding="utf-8")
 
 
 def run_config(engine: Any, name: str, overrides: dict, items: list[dict], records_path: Path, concurrency: int) -> None:
@@ -166,8 +198,7 @@ def run_config(engine: Any, name: str, overrides: dict, items: list[dict], recor
     print(f"== {name} {overrides}: {len(todo)} of {len(items)} items to score", flush=True)
     if not todo:
         return
-    records_path.parent.mkdir(parents=True, exist_ok=True)
-    out = records_path.open("a", encoding="utf-8")
+    out = append_records(records_path)
     started = time.perf_counter()
     finished = 0
 
@@ -548,7 +579,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--configs", default="default", help="comma-separated configs (method names, or name:key=value;...)")
     parser.add_argument("--sets", default=",".join(SETS))
     parser.add_argument("--limit", type=int, default=None, help="first N rows of each set (fixed hash order)")
-    parser.add_argument("--records", type=Path, default=RESULTS / "quality_records.jsonl")
+    parser.add_argument("--records", type=Path, default=RESULTS / "quality_records.jsonl.gz", help="JSON Lines records, resumed and appended to (gzip when the name ends in .gz)")
     parser.add_argument("--report-only", action="store_true", help="no scoring: tables from the records file")
     parser.add_argument("--concurrency", type=int, default=Settings.concurrency, help=f"evaluations in flight (default {Settings.concurrency}, the library's)")
     parser.add_argument("--llm", default="local")

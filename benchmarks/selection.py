@@ -7,8 +7,8 @@ the child of the previous one: only the top one is kept). Reported: seconds per 
 ``--repeat``) and the ratio of the largest to the smallest size against the ratio of their span
 counts (1.0 = linear).
 
-    python benchmarks/selection.py                      # 1k, 2k, 4k, 8k, 100k spans
-    python benchmarks/selection.py --sizes 1000,8000
+    python -m benchmarks.selection                      # 1k, 2k, 4k, 8k, 100k spans
+    python -m benchmarks.selection --sizes 1000,8000
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from relevancy_tracer.service.otlp import ReceivedSpan
 from relevancy_tracer.service.selection import SpanSelector
 
-from _paths import ROOT
+from benchmarks._paths import ROOT
 
 TRACE = "ab" * 16
 

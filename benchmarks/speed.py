@@ -4,11 +4,12 @@ Scores the 10 WikiEval development questions' good and poor answers (20 evaluati
 ``Engine.evaluate`` at the default concurrency, after one warm-up evaluation (model loading is
 not counted), and reports throughput (wall seconds / evaluations) and median latency. It imports
 ``relevancy_tracer`` from wherever Python finds it, so the previous default is measured in the
-same run by pointing ``PYTHONPATH`` at its checkout:
+same run by pointing ``PYTHONPATH`` at its checkout. That side runs this file as a script:
+``python -m`` would put the current checkout first on ``sys.path``, ahead of ``PYTHONPATH``.
 
     git worktree add /tmp/previous 8456b91
     PYTHONPATH=/tmp/previous python benchmarks/speed.py --label previous --out benchmarks/results/speed_previous.json
-    python benchmarks/speed.py --label current --out benchmarks/results/speed_current.json
+    python -m benchmarks.speed --label current --out benchmarks/results/speed_current.json
 
 Set ``OMP_WAIT_POLICY=PASSIVE`` and run nothing else model-heavy meanwhile (llama.cpp slows
 about tenfold when another busy process shares the cores).

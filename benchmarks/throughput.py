@@ -2,7 +2,7 @@
 
 Every variant scores the same rows (default 200 (question, answer) pairs) at the same
 concurrency limit (default 16 evaluations in flight) and strictness (3 generated questions),
-against one :class:`relevancy_tracer.testing.FakeOpenAIServer` with ``chat_delay=0.1`` s and
+against one :class:`relevancy_tracer_testing.FakeOpenAIServer` with ``chat_delay=0.1`` s and
 ``embedding_delay=0.01`` s. The server runs in a child process, so its request handling does
 not compete with the library under test for the GIL; every request it receives is recorded and
 summarised there.
@@ -29,8 +29,8 @@ rotated each round; the reported rate is the median round.
 
 Usage::
 
-    .venv-bench/bin/python benchmarks/throughput.py            # 200 rows x 5 rounds
-    .venv-bench/bin/python benchmarks/throughput.py --quick    # 40 rows x 1 round
+    .venv-bench/bin/python -m benchmarks.throughput            # 200 rows x 5 rounds
+    .venv-bench/bin/python -m benchmarks.throughput --quick    # 40 rows x 1 round
 
 Writes benchmarks/results/throughput.json (or ``--out``).
 """
@@ -57,12 +57,10 @@ os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")  # ragas's usage analytics: 
 os.environ.setdefault("OPENAI_API_KEY", "benchmark-key")  # the fake server accepts any key
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _paths import relative  # noqa: E402
 
-sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
+from benchmarks._paths import relative  # noqa: E402
 
-from relevancy_tracer.testing import FakeOpenAIServer, count_tokens, default_chat_reply  # noqa: E402
+from relevancy_tracer_testing import FakeOpenAIServer, count_tokens, default_chat_reply  # noqa: E402
 
 CHAT_MODEL = "gpt-4o-mini"
 EMBEDDING_MODEL = "text-embedding-3-small"
@@ -150,7 +148,7 @@ def _content_text(message: dict) -> str:
 def summarise(records: list[tuple[str, dict, float, float]]) -> dict:
     """Counts over recorded requests ``(kind, body, arrival_s, done_s)``.
 
-    Tokens use :func:`relevancy_tracer.testing.count_tokens` (words and punctuation), the
+    Tokens use :func:`relevancy_tracer_testing.count_tokens` (words and punctuation), the
     count the server also reports as ``usage.prompt_tokens``.
     """
     chat = [r for r in records if r[0] == "chat"]
@@ -182,7 +180,7 @@ def summarise(records: list[tuple[str, dict, float, float]]) -> dict:
 
 def _server_process(conn: Any, chat_delay: float, embedding_delay: float) -> None:
     """Child process: runs the fake server and answers ``mark`` / ``summary`` / ``stop``."""
-    from relevancy_tracer import testing
+    import relevancy_tracer_testing as testing
 
     timed: list[tuple[str, dict, float, float]] = []
     lock = threading.Condition()

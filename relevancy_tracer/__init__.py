@@ -42,7 +42,7 @@ def score(question: Any, answer: Any, contexts: Any = None, **overrides: Any) ->
     Args:
         question, answer: non-empty str. contexts: list[str], recorded only.
         **overrides: per-call settings, e.g. ``strictness=5``, ``method="direct"``,
-            ``noncommittal="any"`` (see the README's configuration table).
+            ``noncommittal="any"`` (see docs/configuration.md).
 
     Returns:
         :class:`RelevancyResult`; ``result.status == "scored"`` with a finite ``score``, or a

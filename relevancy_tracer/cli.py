@@ -309,7 +309,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .dataset import resolve_path
-    from .scoring.calibration import auroc, balanced_accuracy, cross_validated, expected_calibration_error, fit_calibration, reliability_table
+    from .scoring.calibration import balanced_accuracy, expected_calibration_error, fit_evaluator_calibration, reliability_table
     from .scoring.evaluator import thresholds_for
 
     settings = _settings_from(args).replace(calibration="none")
@@ -388,28 +388,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 2
     questions = [str(mapping.extract(labelled[i][0].data)[0]) for i in kept]
     folds = max(2, min(args.folds, int(min(labels.sum(), len(labels) - labels.sum()))))
-    cv = cross_validated(raw, labels, args.kind, folds=folds, groups=questions)
     models = engine._models_for(settings)
-    fingerprint = engine.raw_fingerprint(settings, models)
-    calibration = fit_calibration(
+    calibration, cv = fit_evaluator_calibration(
         raw,
         labels,
         args.kind,
         method=settings.method,
         models=(models.llm.name, models.embedder.name if models.embedder else ""),
-        fitted_on={
-            "raw_fingerprint": fingerprint,
-            "source": os.path.basename(args.input),
-            "rows": int(len(raw)),
-            "positives": int(labels.sum()),
-            "label_column": args.label_column,
-            "raw_scores": f"column {args.raw_column}" if args.raw_column else "scored by this command",
-        },
-        metrics={
-            "auroc": round(auroc(raw, labels), 4),
-            "ece_cross_validated": round(expected_calibration_error(cv, labels), 4),
-            "folds": folds,
-        },
+        raw_fingerprint=engine.raw_fingerprint(settings, models),
+        source=os.path.basename(args.input),
+        folds=folds,
+        groups=questions,
+        label_column=args.label_column,
+        raw_scores=f"column {args.raw_column}" if args.raw_column else "scored by this command",
     )
     fitted = calibration.apply(raw)
     thresholds = thresholds_for(settings, True)

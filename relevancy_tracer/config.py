@@ -44,7 +44,7 @@ RESPONSE_FORMATS = ("json_object", "json_schema", "none")
 #: Used on raw (uncalibrated) scores.
 DEFAULT_THRESHOLDS = (0.8, 0.6, 0.4)
 #: Label thresholds on calibrated scores (probabilities that a person judges the answer as
-#: addressing the question); chosen on the development sets (README, "Quality").
+#: addressing the question); chosen on the development sets (docs/quality.md).
 PROBABILITY_THRESHOLDS = (0.5, 0.3, 0.15)
 #: Seed 000's combination weights (reverse-question, direct, decomposition, intent).
 DEFAULT_COMBINED_WEIGHTS = (("ragas", 0.3), ("direct", 0.25), ("decomposition", 0.25), ("intent", 0.2))
@@ -337,7 +337,7 @@ class Settings:
     local_host: bool = setting(True, "bool", "", "Run the local models in the model host: one process per user and model set on the machine, shared by every process that scores (forked workers, CLI, `serve`), at lower CPU priority; a crash there fails only its in-flight evaluations (status `model_host_crashed`). False: in this process (debugging).", _parse_bool, _check_bool, models=True)
     local_host_nice: int = setting(19, "int", "", "CPU niceness added to the model host (0-19; 19 = lowest priority: the app's requests come first).", int, _check_number(0, 19, integer=True), models=True)
     local_host_idle_timeout: float = setting(60.0, "float", "s", "The model host exits this long after its last client process has gone.", float, _check_number(0.0, 86400.0), models=True, normalise=_as_float)
-    method: str = setting("ragas_judge", lambda: "|".join(_METHODS), "", "Relevancy method (see README, 'Methods').", str, _check_method, evaluator="raw", per_call=True)
+    method: str = setting("ragas_judge", lambda: "|".join(_METHODS), "", "Relevancy method (see docs/methods.md).", str, _check_method, evaluator="raw", per_call=True)
     strictness: int = setting(3, "int", "", "N: questions generated from each answer (RAGAS strictness).", int, _check_number(1, 10, integer=True), evaluator="raw", per_call=True)
     noncommittal: str = setting("per_question", "|".join(NONCOMMITTAL_RULES), "", "Noncommittal rule: `all` zeroes the score only when every generation is noncommittal (RAGAS today), `any` when one is (RAGAS 0.1), `per_question` multiplies each similarity by its own committal flag (seed 003).", str, _check_choice(NONCOMMITTAL_RULES), evaluator="raw", per_call=True)
     generation: str = setting("joint", "|".join(GENERATION_MODES), "", "`joint`: one chat request returns all N questions; `independent`: N requests, as RAGAS.", str, _check_choice(GENERATION_MODES), evaluator="raw", per_call=True)
@@ -346,7 +346,7 @@ class Settings:
     combined_weights: tuple[tuple[str, float], ...] = setting(DEFAULT_COMBINED_WEIGHTS, "method=weight,...", "", "Weights of the `combined` method (seed 000: ragas 0.3, direct 0.25, decomposition 0.25, intent 0.2).", _parse_weights, _check_weights, normalise=_as_pairs, evaluator="method", per_call=True)
     max_answer_chars: int = setting(6000, "int", "characters", "Answers longer than this are truncated before scoring (recorded as `truncated`).", int, _check_number(16, integer=True), evaluator="raw", per_call=True)
     max_question_chars: int = setting(2000, "int", "characters", "Questions longer than this are truncated before scoring.", int, _check_number(16, integer=True), evaluator="raw", per_call=True)
-    concurrency: int = setting(4, "int", "", "Evaluations in flight at once (worker and `evaluate`). 4 matches the embedded model's batch of 4 sequences: the batching measurement gave 3.9-4.2 s per evaluation at 4 against 4.42 at 2 (README: Speed).", int, _check_number(1, 1024, integer=True))
+    concurrency: int = setting(4, "int", "", "Evaluations in flight at once (worker and `evaluate`). 4 matches the embedded model's batch of 4 sequences: the batching measurement gave 3.9-4.2 s per evaluation at 4 against 4.42 at 2 (docs/quality.md, Speed).", int, _check_number(1, 1024, integer=True))
     enabled: bool = setting(True, "bool", "", "Master switch. When false the decorator calls the function and does nothing else.", _parse_bool, _check_bool)
     sample_ratio: float = setting(1.0, "float", "", "Share of traces scored, decided on the trace id (as OTel's TraceIdRatioBased, so every service decides alike).", float, _check_number(0.0, 1.0), normalise=_as_float)
     rate_limit: Optional[float] = setting(None, "float", "evaluations/min", "Cost cap: token bucket of evaluations per minute (burst: 10 s worth, at least 1). Empty or 0: no cap.", _parse_optional_float, _check_number(0.0, optional=True), normalise=_zero_is_none)

@@ -209,7 +209,7 @@ class TracedApp:
 
 
 class ScoreDial:
-    """An embedder for :class:`~relevancy_tracer.testing.FakeOpenAIServer` that sets every
+    """An embedder for :class:`~relevancy_tracer_testing.FakeOpenAIServer` that sets every
     ``ragas`` score to :attr:`value` (in [0, 1], a cosine similarity, dimensionless).
 
     The question embeds to e1 and every other text (the generated questions) to

@@ -10,7 +10,7 @@ import pytest
 
 from relevancy_tracer.config import Settings
 from relevancy_tracer.scoring.engine import Engine
-from relevancy_tracer.testing import FakeOpenAIServer
+from relevancy_tracer_testing import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("RELEVANCY_TRACER_SHARED", ROOT.parent / "shared"))

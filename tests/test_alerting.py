@@ -7,7 +7,7 @@ The binaries come from Debian (``bash .ci/system-deps``: prometheus, prometheus-
 End to end: ``tests/traced_app.py`` runs in a subprocess as a user's app does —
 ``relevancy_tracer.configure()`` with ``OTEL_METRICS_EXPORTER=prometheus`` — calling a traced
 function 5 times a second, each answer scored in the background against
-:class:`~relevancy_tracer.testing.FakeOpenAIServer`, whose embedder (:class:`ScoreDial`) sets
+:class:`~relevancy_tracer_testing.FakeOpenAIServer`, whose embedder (:class:`ScoreDial`) sets
 the score: 0.95 (good), then 0.2 (poor), then 0.95 again. Prometheus scrapes the app every
 second and evaluates a copy of the production rules whose durations are shortened (same
 expressions), sending alerts to Alertmanager, which posts them to a webhook in this test.
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import pytest
 import yaml
 
-from relevancy_tracer.testing import FakeOpenAIServer
+from relevancy_tracer_testing import FakeOpenAIServer
 
 from ._observability import (
     COLLECTOR_CONFIG,

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from relevancy_tracer.testing import FakeOpenAIServer
+from relevancy_tracer_testing import FakeOpenAIServer
 
 from .conftest import WIKIEVAL, fake_model_env, subprocess_env
 

@@ -3,10 +3,10 @@
 
 rotel test: ``rotel-agent`` (from the ``rotel`` PyPI package) starts with
 ``collector-config/rotel.env`` — only its listening addresses and exporter endpoint changed to
-free ports on 127.0.0.1 and a :class:`~relevancy_tracer.testing.OTLPReceiver`. The app
+free ports on 127.0.0.1 and a :class:`~relevancy_tracer_testing.OTLPReceiver`. The app
 (``tests/traced_app.py`` in a subprocess, ``relevancy_tracer.configure()`` with
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` at rotel, over OTLP/HTTP or OTLP/gRPC) scores three answers
-against :class:`~relevancy_tracer.testing.FakeOpenAIServer`; the scored spans and the
+against :class:`~relevancy_tracer_testing.FakeOpenAIServer`; the scored spans and the
 ``relevancy.*`` metrics must reach the receiver through rotel.
 """
 
@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
+from relevancy_tracer_testing import FakeOpenAIServer, OTLPReceiver
 
 from ._observability import COLLECTOR_CONFIG, ScoreDial, ServerProcess, TracedApp, free_port, wait_until
 

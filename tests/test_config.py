@@ -69,12 +69,12 @@ def test_combined_weights_from_env_and_mapping():
     assert Settings.resolve(environ={}, combined_weights={"ragas": 1, "intent": 2}).combined_weights == (("ragas", 1), ("intent", 2))
 
 
-def test_readme_configuration_table_matches_the_settings():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert settings_table() in readme, "README's configuration table is stale: paste relevancy_tracer.config.settings_table()"
+def test_docs_configuration_table_matches_the_settings():
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert settings_table() in page, "docs/configuration.md's table is stale: paste relevancy_tracer.config.settings_table()"
     for spec in FIELDS:
         if spec.env:
-            assert spec.env in readme
+            assert spec.env in page
 
 
 def test_docs_configuration_table_is_generated_from_the_declarations():

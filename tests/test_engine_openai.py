@@ -12,7 +12,7 @@ import pytest
 
 from relevancy_tracer.result import Status
 from relevancy_tracer.scoring.engine import Engine, run_sync
-from relevancy_tracer.testing import Delay, Drop, Raw, Status as HTTPStatus, hashed_embedding
+from relevancy_tracer_testing import Delay, Drop, Raw, Status as HTTPStatus, hashed_embedding
 
 from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env
 

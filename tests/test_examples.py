@@ -14,7 +14,7 @@ import time
 import urllib.request
 
 from relevancy_tracer._phoenix_server import free_port
-from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
+from relevancy_tracer_testing import FakeOpenAIServer, OTLPReceiver
 
 from .conftest import ROOT, WIKIEVAL, fake_model_env, subprocess_env
 

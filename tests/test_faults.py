@@ -30,7 +30,7 @@ from opentelemetry.trace import StatusCode
 import relevancy_tracer
 from relevancy_tracer.tracing import lifecycle
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer.testing import Hang, OTLPReceiver
+from relevancy_tracer_testing import Hang, OTLPReceiver
 
 from .conftest import ROOT, fake_model_env, finished_spans, subprocess_env
 

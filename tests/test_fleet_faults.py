@@ -28,7 +28,7 @@ from hypothesis import given, settings as hypothesis_settings, strategies as st
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.otel.results import evaluation_id
 from relevancy_tracer.service.jobs import ScoreRequest
-from relevancy_tracer.testing import RedisServer, Status
+from relevancy_tracer_testing import RedisServer, Status
 
 from ._observability import wait_until
 from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env

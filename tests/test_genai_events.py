@@ -7,7 +7,7 @@ per module with the pins of :data:`APP_REQUIREMENTS`; the versions it shares wit
 venv are constrained to this venv's, so pip takes them from its cache), calls the scripted
 OpenAI-compatible server, and exports traces and logs over OTLP/HTTP to an in-process
 :class:`~relevancy_tracer.service.ScoringService`, whose EVALUATOR spans go to an
-:class:`~relevancy_tracer.testing.OTLPReceiver`. Raw OTLP requests (protobuf, JSON, gRPC) cover
+:class:`~relevancy_tracer_testing.OTLPReceiver`. Raw OTLP requests (protobuf, JSON, gRPC) cover
 the join's orderings, expiry and bounds.
 """
 
@@ -28,7 +28,7 @@ import pytest
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.service.join import CONTENT_NOT_CAPTURED, CONTENT_WITHOUT_SPAN, EVICTED, SPAN_WITHOUT_CONTENT, TOOL_CALL, ContentJoin, Held, content_of
 from relevancy_tracer.service.otlp import ReceivedLog
-from relevancy_tracer.testing import FakeOpenAIServer, Raw
+from relevancy_tracer_testing import FakeOpenAIServer, Raw
 
 from .conftest import ROOT, openai_settings, subprocess_env
 from .test_service import backend, evaluator_spans as evaluations  # noqa: F401 - backend is a fixture
@@ -419,7 +419,7 @@ def test_fleet_a_sigkilled_serve_loses_no_joined_call_it_acknowledged(server, ba
     from relevancy_tracer.otel.results import evaluation_id
     from relevancy_tracer.service.jobs import ScoreRequest
     from relevancy_tracer.service.queue import STREAM
-    from relevancy_tracer.testing import RedisServer
+    from relevancy_tracer_testing import RedisServer
 
     from .test_service_faults import TOKEN as SERVE_TOKEN, start_serve
 

@@ -10,7 +10,7 @@ from relevancy_tracer.result import Status
 from relevancy_tracer.scoring import prompts
 from relevancy_tracer.scoring.engine import Engine
 from relevancy_tracer.scoring.restatement import novelty, residual
-from relevancy_tracer.testing import FakeOpenAIServer, Status as HTTPStatus
+from relevancy_tracer_testing import FakeOpenAIServer, Status as HTTPStatus
 
 from .conftest import openai_settings
 from .test_engine_openai import expected_sims
@@ -97,7 +97,7 @@ def test_combined_renormalises_over_components_that_succeeded(server):
         text = json.dumps(body["messages"])
         if "rate how well the answer addresses the question" in text:
             return "I would say it is pretty good"  # the direct judge never gives a number
-        from relevancy_tracer.testing import default_chat_reply
+        from relevancy_tracer_testing import default_chat_reply
 
         return default_chat_reply(body)
 
@@ -138,7 +138,7 @@ def test_an_answer_cannot_rate_itself_in_the_prompt(server):
 
 
 def test_default_method_is_ragas_questions_plus_the_intent_judge(server):
-    from relevancy_tracer.testing import default_chat_reply
+    from relevancy_tracer_testing import default_chat_reply
 
     questions = json.dumps({"questions": ["Where is France?", "What is its capital?", "Where is Paris?"], "noncommittal": [0, 0, 0]})
     server.chat_responder = lambda body: questions if prompts.QUESTIONS_TURN in body["messages"][-1]["content"] else default_chat_reply(body)

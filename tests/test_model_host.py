@@ -1,7 +1,7 @@
 """The model host (issue 26): the local models run in one process per user and model set; the
 app survives it, every process shares it, and it never outlives its clients.
 
-These tests run the host with the scripted models of :mod:`relevancy_tracer.testing`
+These tests run the host with the scripted models of :mod:`relevancy_tracer_testing`
 (``FakeHostChatModel`` / ``FakeHostEmbedder``) instead of llama.cpp: the host, its sockets,
 lock file, supervision and restarts are the real ones. ``test_local_models.py`` runs the real
 model through the host.
@@ -27,15 +27,15 @@ from relevancy_tracer.config import Settings
 from relevancy_tracer.scoring.backends import build_models, host_connection
 from relevancy_tracer.models.host import HostConnection, ModelHostError
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer.testing import HOLD_FILE_ENV
+from relevancy_tracer_testing import HOLD_FILE_ENV
 
 from .conftest import ROOT, finished_spans, subprocess_env
 
 FAKE = dict(
     llm="local",
     embeddings="local",
-    llm_model="relevancy_tracer.testing:FakeHostChatModel",
-    embedding_model="relevancy_tracer.testing:FakeHostEmbedder",
+    llm_model="relevancy_tracer_testing:FakeHostChatModel",
+    embedding_model="relevancy_tracer_testing:FakeHostEmbedder",
     local_host_idle_timeout=1.0,
     calibration="none",
 )

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
+from relevancy_tracer_testing import FakeOpenAIServer, OTLPReceiver
 
 from .conftest import ROOT, fake_model_env, subprocess_env
 

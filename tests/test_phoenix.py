@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from relevancy_tracer._phoenix_server import PhoenixServer, free_port
-from relevancy_tracer.testing import FakeOpenAIServer
+from relevancy_tracer_testing import FakeOpenAIServer
 
 from .conftest import ROOT, fake_model_env, subprocess_env
 
@@ -100,8 +100,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 def test_phoenix_ui_shows_the_relevancy_attributes(phoenix, server, tmp_path):
     """Headless Chromium opens an answer's trace in Phoenix's UI and finds the relevancy
     attributes on the span. Uses the demo's traces (real local-model scores) when the demo test
-    ran, else makes one. The screenshot goes to RELEVANCY_TRACER_SCREENSHOT when set (the
-    README's examples/phoenix-trace.png), else into the test's temp dir."""
+    ran, else makes one. The screenshot goes to RELEVANCY_TRACER_SCREENSHOT when set
+    (docs/images/phoenix-trace.png), else into the test's temp dir."""
     from playwright.sync_api import sync_playwright
 
     spans = [s for s in phoenix.spans("relevancy-tracer-demo", name=["python_docs_rag.answer"]) if (s.get("attributes") or {}).get("relevancy.status") == "scored"]
@@ -272,8 +272,8 @@ def test_backfill_stopped_by_sigterm_annotates_what_it_finished_and_the_next_run
 def test_phoenix_trace_tree_shows_the_annotation_badge(phoenix, server, tmp_path):
     """Headless Chromium opens a trace whose answer span was annotated by the sink and finds
     the ``answer_relevancy`` annotation with its label in the page. The screenshot goes to
-    RELEVANCY_TRACER_ANNOTATION_SCREENSHOT when set (the README's
-    examples/phoenix-annotation.png), else into the test's temp dir."""
+    RELEVANCY_TRACER_ANNOTATION_SCREENSHOT when set
+    (docs/images/phoenix-annotation.png), else into the test's temp dir."""
     from playwright.sync_api import sync_playwright
 
     from relevancy_tracer.phoenix_annotations import PhoenixClient

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver, RedisServer
+from relevancy_tracer_testing import FakeOpenAIServer, OTLPReceiver, RedisServer
 
 from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env
 

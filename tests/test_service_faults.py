@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from relevancy_tracer._phoenix_server import free_port
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer.testing import FakeOpenAIServer, OTLPReceiver
+from relevancy_tracer_testing import FakeOpenAIServer, OTLPReceiver
 
 from ._observability import wait_until
 from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env
@@ -605,7 +605,7 @@ def test_a_request_larger_than_the_queue_is_admitted_when_the_queue_is_empty(ser
 def test_the_redis_stream_admits_an_oversized_request_when_empty(tmp_path):
     from relevancy_tracer.service.jobs import ScoreRequest
     from relevancy_tracer.service.queue import RedisStreamQueue
-    from relevancy_tracer.testing import RedisServer
+    from relevancy_tracer_testing import RedisServer
 
     jobs = [ScoreRequest(f"{i:032x}", "1" * 32, "2" * 16, "answer", "app", "q?", "a.", "ragas") for i in range(7)]
     with RedisServer(str(tmp_path)) as redis_server:

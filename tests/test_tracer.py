@@ -15,7 +15,7 @@ import relevancy_tracer
 from relevancy_tracer import CallInfo
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.otel.results import evaluation_id
-from relevancy_tracer.testing import Hang
+from relevancy_tracer_testing import Hang
 
 from .conftest import finished_spans
 
@@ -613,7 +613,7 @@ def test_evaluation_deadline_and_hold_deadline(tracing, otel, server):
     ],
 )
 def test_misbehaving_model_endpoint_is_recorded(tracing, otel, server, script, error_type):
-    from relevancy_tracer.testing import Drop, Status as HTTPStatus
+    from relevancy_tracer_testing import Drop, Status as HTTPStatus
 
     items = {"HTTP500": HTTPStatus(500), "garbage": "<html>oops</html>", "drop": Drop()}
     server.chat.push(*[items[s] for s in script])

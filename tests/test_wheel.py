@@ -25,7 +25,7 @@ import pytest
 
 from relevancy_tracer._phoenix_server import free_port
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer.testing import OTLPReceiver
+from relevancy_tracer_testing import OTLPReceiver
 
 from .conftest import ROOT, fake_model_env, subprocess_env
 
@@ -82,7 +82,9 @@ def test_the_wheel_holds_every_module_and_the_shipped_data(installed):
     expected |= {str(p.relative_to(ROOT)) for p in (package / "calibrations").glob("*.json")}
     expected |= {"relevancy_tracer/_examples/" + p.name for p in (ROOT / "examples").glob("*.py")}
     assert expected - names == set()
-    assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
+    # the lab (test servers, benchmarks, tests) is not the product
+    assert not any(name.startswith(("tests/", "benchmarks/", "relevancy_tracer_testing/")) for name in names)
+    assert "relevancy_tracer/testing.py" not in names
 
 
 def test_pip_check_and_every_module_imports_outside_the_checkout(installed):

@@ -185,6 +185,54 @@ def fit_calibration(raw: Sequence[float], labels: Sequence[int], kind: str = "pl
     return Calibration(kind=kind, params=params, models=models, **provenance)
 
 
+def fit_evaluator_calibration(
+    raw: Sequence[float],
+    labels: Sequence[int],
+    kind: str = "platt",
+    *,
+    method: str,
+    models: Sequence[str],
+    raw_fingerprint: str,
+    source: str,
+    folds: int = 5,
+    groups: Optional[Sequence[Any]] = None,
+    **fitted_on: Any,
+) -> tuple[Calibration, np.ndarray]:
+    """Fit the calibration of one evaluator from its labelled raw scores, with its provenance and
+    its cross-validated quality: what ``relevancy-tracer calibrate`` writes and what
+    ``benchmarks/fit_calibration.py`` ships.
+
+    Args:
+        raw: the evaluator's raw scores, shape (n,). labels: 0/1 human labels, shape (n,).
+        kind: ``platt`` or ``isotonic``. method, models: the method and its (chat, embedding)
+            model names. raw_fingerprint: the evaluator's raw fingerprint
+            (``Engine.raw_fingerprint``): the calibration applies only to that evaluator.
+        source: where the rows came from (a file name, a data set). folds: cross-validation
+            folds (>= 2). groups: rows sharing a group (a question) stay in one fold.
+        fitted_on: more provenance recorded under ``fitted_on`` (e.g. ``label_column``).
+
+    Returns:
+        (the calibration, whose ``metrics`` hold the raw score's AUROC, the cross-validated
+        expected calibration error and ``folds``; the cross-validated probabilities, shape (n,)).
+
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    x = np.asarray(raw, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    cv = cross_validated(x, y, kind, folds=folds, groups=groups)
+    calibration = fit_calibration(
+        x,
+        y,
+        kind,
+        method=method,
+        models=tuple(models),
+        fitted_on={"raw_fingerprint": raw_fingerprint, "source": source, "rows": int(len(x)), "positives": int(y.sum()), **fitted_on},
+        metrics={"auroc": round(auroc(x, y), 4), "ece_cross_validated": round(expected_calibration_error(cv, y), 4), "folds": folds},
+    )
+    return calibration, cv
+
+
 def cross_validated(raw: Sequence[float], labels: Sequence[int], kind: str = "platt", folds: int = 5, seed: int = 0, groups: Optional[Sequence[Any]] = None) -> np.ndarray:
     """Out-of-fold calibrated probabilities: each row is mapped by a calibration fitted without
     its fold (stratified by label; rows sharing a ``group``, e.g. a question, stay together)."""

@@ -377,7 +377,7 @@ async def intent(ctx: EvalContext) -> MethodOutput:
     return MethodOutput(score=score, intent=stated)
 
 
-#: ragas_intent's weights, chosen on WikiEval (README, "Quality on WikiEval"): the middle of the
+#: ragas_intent's weights, chosen on WikiEval (docs/quality.md): the middle of the
 #: 0.1-0.3 range of RAGAS shares that keep pairwise accuracy at 1.0 with the local models (0.5
 #: falls to 0.7). Measured: pairwise accuracy 1.00 on WikiEval's 10 dev rows with the embedded
 #: models (18.4 s per evaluation on 2 cores), against 0.60 for ``ragas`` alone.
@@ -385,7 +385,7 @@ RAGAS_INTENT_WEIGHTS = (("ragas", 0.2), ("intent", 0.8))
 
 
 #: ragas_judge's combination (part of the evaluator fingerprint), chosen on the development
-#: sets' fit subsets and checked on the held-out rest (README, "Methods" and "Quality"):
+#: sets' fit subsets and checked on the held-out rest (docs/methods.md and docs/quality.md):
 #: ``raw = (judge_weight * judge + topicality_weight * min(topical, cap)) / (judge_weight +
 #: topicality_weight * cap)`` with ``topical = min(max(answer_similarity, ragas), ceiling)``:
 #: the answer is about the question (the larger of its own embedding similarity to the question

@@ -107,7 +107,7 @@ _JUDGE_TASK = (
 
 #: How the default conversation's user turns begin: the answer's turn names Task 1, the
 #: question's turn Task 2 (their instructions are in the system message). Test servers
-#: (``relevancy_tracer.testing``) recognise the turns by these.
+#: (``relevancy_tracer_testing``) recognise the turns by these.
 QUESTIONS_TURN = "Task 1: write"
 JUDGE_TURN = "Task 2: rate"
 

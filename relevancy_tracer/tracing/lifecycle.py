@@ -155,7 +155,7 @@ def configure(**settings: Any) -> Settings:
     """Configure the engine and the tracer; returns the resolved settings.
 
     Every setting is an argument here or a ``RELEVANCY_TRACER_<NAME>`` environment variable
-    (see the README's table). With ``setup_otel`` (default true) and no TracerProvider /
+    (see docs/configuration.md). With ``setup_otel`` (default true) and no TracerProvider /
     MeterProvider set by the app, SDK providers with OTLP exporters are installed from the
     standard ``OTEL_*`` variables. Calling it again replaces the tracer: pending evaluations of
     the old one get up to 5 s to finish.

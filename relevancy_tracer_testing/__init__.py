@@ -1,6 +1,15 @@
-"""A scriptable OpenAI-compatible HTTP server on 127.0.0.1, for tests and benchmarks.
+"""The lab's test servers on 127.0.0.1, shared by ``tests/`` and ``benchmarks/``: a scriptable
+OpenAI-compatible server (:class:`FakeOpenAIServer`), an OTLP receiver (:class:`OTLPReceiver`),
+a Redis launcher (:class:`RedisServer`) and scripted models for the model host
+(:class:`FakeHostChatModel`, :class:`FakeHostEmbedder`, named as ``relevancy_tracer_testing:NAME``).
 
-Serves ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``GET /v1/models`` over real
+Not part of the product: this package sits beside ``relevancy_tracer/`` in the checkout and is
+not in the wheel (setup.py discovers only ``relevancy_tracer.*``; ``tests/test_wheel.py`` checks
+it). Users testing their own apps need none of it: the fake server's default replies answer this
+package's own prompts and its scripts inject the faults the tracer is tested against. It is
+importable from the repository root (pytest's rootdir, ``python -m benchmarks.NAME``).
+
+The OpenAI-compatible server serves ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``GET /v1/models`` over real
 HTTP/1.1 (keep-alive), so the ``openai`` client's timeouts, retries and connection handling are
 exercised for real. Replies are either scripted (a queue per endpoint) or produced by default
 responders that understand this package's prompts. Every request body is recorded.
@@ -33,7 +42,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional, Union
 
-from .scoring import prompts
+from relevancy_tracer.scoring import prompts
+from relevancy_tracer.service.otlp import attributes as _attributes
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -191,7 +201,7 @@ HOLD_FILE_ENV = "RELEVANCY_TRACER_TEST_HOLD_FILE"
 
 class FakeHostChatModel:
     """A scripted :class:`~relevancy_tracer.models.base.ChatModel` the model host can run
-    instead of llama.cpp (``llm_model="relevancy_tracer.testing:FakeHostChatModel"``): replies
+    instead of llama.cpp (``llm_model="relevancy_tracer_testing:FakeHostChatModel"``): replies
     :func:`default_chat_reply`, instantly, unless the file named by :data:`HOLD_FILE_ENV`
     exists, in which case each request waits until it is removed."""
 
@@ -201,7 +211,7 @@ class FakeHostChatModel:
         import asyncio
         import os
 
-        from .models.base import ChatReply
+        from relevancy_tracer.models.base import ChatReply
 
         hold = os.environ.get(HOLD_FILE_ENV)
         while hold and os.path.exists(hold):
@@ -214,14 +224,14 @@ class FakeHostChatModel:
 
 class FakeHostEmbedder:
     """:func:`hashed_embedding` as an :class:`~relevancy_tracer.models.base.Embedder` for the
-    model host (``embedding_model="relevancy_tracer.testing:FakeHostEmbedder"``)."""
+    model host (``embedding_model="relevancy_tracer_testing:FakeHostEmbedder"``)."""
 
     name = "fake-host-embed"
 
     async def embed(self, texts: Any) -> Any:
         import numpy as np
 
-        from .models.base import EmbeddingReply
+        from relevancy_tracer.models.base import EmbeddingReply
 
         return EmbeddingReply(vectors=np.asarray([hashed_embedding(t) for t in texts], dtype=np.float32), model=self.name)
 
@@ -320,7 +330,23 @@ class _Server(ThreadingHTTPServer):
     owner: "FakeOpenAIServer"
 
 
-class FakeOpenAIServer:
+class _Served:
+    """A context manager: ``with X() as x`` starts it (``start()`` returns it) and stops it."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class FakeOpenAIServer(_Served):
     """An OpenAI-compatible server on 127.0.0.1 and a free port, in a background thread.
 
     Args:
@@ -380,11 +406,6 @@ class FakeOpenAIServer:
         if self._thread is not None:
             self._thread.join(5)
 
-    def __enter__(self) -> "FakeOpenAIServer":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     # -- inspection
     def _record(self, kind: str, body: dict, headers: dict) -> None:
@@ -451,22 +472,7 @@ class FakeOpenAIServer:
 # ------------------------------------------------------------------------------- OTLP receiver
 
 
-def _any_value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [_any_value(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _any_value(kv.value) for kv in value.kvlist_value.values}
-    return getattr(value, kind)
-
-
-def _attributes(items: Any) -> dict:
-    return {kv.key: _any_value(kv.value) for kv in items}
-
-
-class OTLPReceiver:
+class OTLPReceiver(_Served):
     """A minimal OTLP receiver on 127.0.0.1: OTLP/HTTP (protobuf, gzip) and OTLP/gRPC.
 
     Decodes every exported span into a dict (``name``, ``trace_id``, ``span_id``,
@@ -534,11 +540,6 @@ class OTLPReceiver:
         if self._grpc_server is not None:
             self._grpc_server.stop(0)
 
-    def __enter__(self) -> "OTLPReceiver":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     # -- decoding
     def add_traces(self, request: Any) -> None:
@@ -564,9 +565,7 @@ class OTLPReceiver:
                             "scope": scope_spans.scope.name,
                         }
                     )
-        with self._changed:
-            self.spans.extend(decoded)
-            self._changed.notify_all()
+        self._add(self.spans, decoded)
 
     def add_logs(self, request: Any) -> None:
         decoded = []
@@ -582,20 +581,11 @@ class OTLPReceiver:
                             "time": record.time_unix_nano,
                         }
                     )
-        with self._changed:
-            self.logs.extend(decoded)
-            self._changed.notify_all()
+        self._add(self.logs, decoded)
 
     def wait_for_logs(self, predicate: Callable[[list[dict]], bool], timeout: float = 30.0) -> list[dict]:
         """Block until ``predicate(log records)`` holds (or ``timeout`` s); returns the records."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not predicate(self.logs):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._changed.wait(remaining)
-            return list(self.logs)
+        return self._wait_for(self.logs, predicate, timeout)
 
     def add_metrics(self, request: Any) -> None:
         decoded = []
@@ -610,20 +600,26 @@ class OTLPReceiver:
                         else:
                             value = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
                         decoded.append((metric.name, attrs, value))
-        with self._changed:
-            self.metrics.extend(decoded)
-            self._changed.notify_all()
+        self._add(self.metrics, decoded)
 
     def wait_for_spans(self, predicate: Callable[[list[dict]], bool], timeout: float = 30.0) -> list[dict]:
         """Block until ``predicate(spans)`` holds (or ``timeout`` s); returns the spans."""
+        return self._wait_for(self.spans, predicate, timeout)
+
+    def _wait_for(self, received: list, predicate: Callable[[list], bool], timeout: float) -> list:
         deadline = time.monotonic() + timeout
         with self._changed:
-            while not predicate(self.spans):
+            while not predicate(received):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._changed.wait(remaining)
-            return list(self.spans)
+            return list(received)
+
+    def _add(self, received: list, decoded: list) -> None:
+        with self._changed:
+            received.extend(decoded)
+            self._changed.notify_all()
 
 
 class _OTLPHandler(BaseHTTPRequestHandler):
