@@ -328,6 +328,20 @@ def _as_text(value: Any) -> Optional[str]:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def _parquet_writable(kind: Any) -> bool:
+    """Whether Parquet can store an Arrow type: Arrow types values like ``{}`` as a struct of no
+    fields, which Parquet has no schema for (pyarrow raises at write time)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return kind.num_fields > 0 and all(_parquet_writable(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _parquet_writable(kind.value_type)
+    if pa.types.is_map(kind):
+        return _parquet_writable(kind.key_type) and _parquet_writable(kind.item_type)
+    return True
+
+
 def arrow_table(rows: list[dict]) -> tuple[Any, list[str]]:
     """A pyarrow Table of ``rows`` (columns: the union of their keys, in first-seen order;
     missing values are null) and the names of the columns Arrow could not type (mixed int and
@@ -339,7 +353,10 @@ def arrow_table(rows: list[dict]) -> tuple[Any, list[str]]:
     for name in names:
         values = [row.get(name) for row in rows]
         try:
-            columns.append(pa.array(values))
+            column = pa.array(values)
+            if not _parquet_writable(column.type):
+                raise TypeError(f"Parquet cannot store {column.type}")
+            columns.append(column)
         except Exception:  # ArrowInvalid, ArrowTypeError, OverflowError, UnicodeEncodeError, ...
             columns.append(pa.array([_as_text(v) for v in values], type=pa.string()))
             stringified.append(name)

@@ -57,6 +57,23 @@ def test_read_rows_gives_every_non_blank_jsonl_line_as_data_or_an_error_with_its
             json.dumps(row.data).encode("utf-8")  # usable text: no lone surrogate
 
 
+@pytest.mark.parametrize("value", [{}, [{}], {"a": {}}, [[{}]], {"a": [{}]}])
+def test_parquet_stores_values_arrow_types_as_empty_structs_as_text(value):
+    """Hypothesis found ``{'id': [{}]}``: Arrow types it as a list of a struct with no fields,
+    which Parquet cannot store; the column is written as JSON text (a top-level dict always is),
+    and no row is lost."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "out.parquet"
+        writer = RowWriter(path)
+        writer.write({"id": value, "n": 1})
+        writer.close()
+        table = pq.read_table(path)
+        assert table.num_rows == 1 and writer.stringified == ([] if isinstance(value, dict) else ["id"])  # dicts: JSON already
+        assert json.loads(table.column("id")[0].as_py()) == value
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=ROWS, kind=st.sampled_from(["jsonl", "csv", "parquet"]))
 def test_row_writer_writes_every_row_of_any_shape(rows, kind):
