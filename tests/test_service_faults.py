@@ -473,7 +473,12 @@ def test_half_open_and_slow_connections_are_bounded_and_timed_out(server, no_exp
     me = psutil.Process()
 
     def held() -> int:
-        """Connections the server side holds open (accepted, established)."""
+        """Connections the server holds: its HTTP handlers (a socket's TCP state is no measure:
+        one accepted for a 503 is ESTABLISHED until the loop gets to answer it, which on a
+        loaded machine can be several at once)."""
+        return len(service.server._web.connections)
+
+    def established() -> int:
         return sum(1 for c in me.net_connections("tcp") if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
 
     threads_before = threading.active_count()
@@ -492,8 +497,8 @@ def test_half_open_and_slow_connections_are_bounded_and_timed_out(server, no_exp
             except socket.timeout:
                 endings.append("still open")
             most = max(most, held())
-        assert 0 < most <= 50 + 5 and threads_during - threads_before <= 2  # + 503'd ones still closing
-        assert "still open" not in endings
+        assert 0 < most <= 50 and threads_during - threads_before <= 2
+        assert "still open" not in endings and established() == 0  # the server closed every one
         busy = [e for e in endings if e.startswith(b"HTTP/1.1 503")]
         assert busy and all(b"Retry-After: 1" in e for e in busy)
         assert all(e == b"" for e in endings if e not in busy)  # the held ones: closed when idle
