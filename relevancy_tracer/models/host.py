@@ -438,6 +438,12 @@ class HostConnection:
                 connection.connect()
             except OSError as exc:
                 raise _NotStarted(str(exc)) from exc
+            # A caller cancelled before the socket existed (e.g. while the host was starting)
+            # had nothing to shut down: stop here rather than send a request nobody waits for.
+            # cancel() sets the flag before reading the socket, this reads it after connecting:
+            # one of the two sees the other.
+            if call is not None and call.cancelled:
+                raise ModelError("cancelled")
             try:
                 connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
                 response = connection.getresponse()
@@ -466,6 +472,8 @@ class HostConnection:
         failed; the host's message).
         """
         for _ in range(3):
+            if call is not None and call.cancelled:
+                raise ModelError("cancelled")
             generation = self.attach()
             try:
                 return self._send(path, payload, generation, call)
