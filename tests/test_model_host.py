@@ -335,3 +335,32 @@ def test_a_cancelled_request_is_cancelled_in_the_host_and_is_no_crash(cache, tmp
     reply = asyncio.run(models.llm.chat_json(messages, {}, max_tokens=8))
     assert reply.model == "fake-host-chat" and connection.info()["pid"] == pid
     assert connection.starts == 1 and not connection._crashes
+
+
+def test_a_request_cancelled_before_it_connects_is_never_sent(cache, tmp_path, monkeypatch):
+    """A caller cancelled before its worker thread has connected (a loaded machine schedules that
+    thread late) gets ModelError at once; the request never reaches the host, where it would
+    hold the thread for as long as the model takes (here: forever)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relevancy_tracer.models.base import ModelError
+    from relevancy_tracer.models.host import _Call
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    monkeypatch.setenv(HOLD_FILE_ENV, str(hold))
+    connection = build_models(Settings.resolve(**FAKE)).llm.connection
+    served = connection.info()["served"]
+    call = _Call()
+    call.cancel()
+    payload = {"messages": [{"role": "user", "content": "hi"}], "schema": {}, "max_tokens": 8}
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(connection.request, "/chat", payload, call)
+        try:
+            with pytest.raises(ModelError, match="cancelled"):
+                sent.result(timeout=20)
+        finally:
+            hold.unlink()  # lets a request that did reach the host finish
+    info = connection.info()
+    assert info["served"] == served and info["in_flight"] == 0  # the host never saw it
+    connection.close()

@@ -446,6 +446,8 @@ class HostConnection:
                 connection.connect()
             except OSError as exc:
                 raise _NotStarted(str(exc)) from exc
+            if call is not None and call.cancelled:  # cancelled before it had a socket to close
+                raise ModelError("cancelled")
             try:
                 connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
                 response = connection.getresponse()
