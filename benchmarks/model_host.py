@@ -5,9 +5,18 @@ Two benchmarks, each variant in its own child process, figures as ratios within 
 ``latency``: an app handler doing about 10 ms of Python CPU work (a calibrated loop, traced by
 ``@relevancy_tracer.trace``, sample ratio 1) is called every 50 ms for ``--seconds``; every call
 queues an evaluation, so the local scorer is saturated. The handler's wall time per call
-(``time.perf_counter``) gives p50 / p99. Variants: ``off`` (``sample_ratio=0``: no scoring),
-``in-process`` (``local_host=false``) and ``host`` (the default). The scorer's model is loaded
-and warm before timing starts. Reported: p99 with scoring / p99 off.
+(``time.perf_counter``) gives p50 / p99. Variants (``--variants``, run in that order,
+``--rounds`` times): ``off`` (``sample_ratio=0``: no scoring), ``in-process``
+(``local_host=false``), ``host-nice`` (the host at nice 19 without ``SCHED_IDLE``), ``host``
+(the default: nice 19 and ``SCHED_IDLE``), and two that load no model, to measure the tracer's
+own work in the app's process apart from the model's CPU: ``scripted-host`` (the scripted
+models of ``relevancy_tracer_testing`` in the host, answering at once: the app's worker scores
+as fast as it can) and ``paced-host`` (the scripted chat model answering one request at a time
+after ``--pace`` seconds, asleep: about the embedded model's rate). The scorer's model is
+loaded and warm before timing starts. Reported per variant: p50 / p99 / max, evaluations
+finished in the window, the host's scheduling policy and nice value over all its threads, and
+the app process's CPU time outside the handler (the tracer's threads) per evaluation; and p99
+with scoring / p99 off of the same round.
 
 ``forked``: a parent configures the tracer with the local default, scores one answer (so the
 model is loaded: in its own process in-process, in the host otherwise), then forks
@@ -18,7 +27,8 @@ last flush), private memory (USS, psutil) of each app process and of the host, a
 llama.cpp contexts and threads on the machine: processes that map the GGUF file, and the sum
 of their threads.
 
-    python -m benchmarks.model_host latency --seconds 40 --out benchmarks/results/model_host_latency.json
+    python -m benchmarks.model_host latency --seconds 40 --rounds 2 --out benchmarks/results/model_host_latency.json
+    python -m benchmarks.model_host latency --seconds 30 --rounds 3 --variants off,scripted-host,paced-host  # no model
     python -m benchmarks.model_host forked --workers 4 --answers 2 --out benchmarks/results/model_host_forked.json
 
 Run one model-heavy job at a time on the machine (llama.cpp slows about tenfold when another
@@ -36,6 +46,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,6 +115,43 @@ def threads_of(pid: int) -> int:
     return psutil.Process(pid).num_threads()
 
 
+class PacedChatModel:
+    """The scripted chat model of ``relevancy_tracer_testing``, answering one request at a time
+    after ``MODEL_HOST_BENCH_PACE`` seconds (asleep: no CPU), so evaluations finish at about
+    the embedded model's rate while the app's process does all of its own per-evaluation work
+    (``paced-host`` variant; runs in the model host as ``benchmarks.model_host:PacedChatModel``)."""
+
+    name = "paced-host-chat"
+
+    def __init__(self) -> None:
+        from relevancy_tracer_testing import FakeHostChatModel
+
+        self._scripted = FakeHostChatModel()
+        self._pace = float(os.environ.get("MODEL_HOST_BENCH_PACE", "2.5"))
+        self._lock: Any = None
+
+    async def chat_json(self, messages: Any, schema: dict, **options: Any) -> Any:
+        import asyncio
+
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            await asyncio.sleep(self._pace)
+            return await self._scripted.chat_json(messages, schema, **options)
+
+
+SCRIPTED = dict(llm_model="relevancy_tracer_testing:FakeHostChatModel", embedding_model="relevancy_tracer_testing:FakeHostEmbedder", calibration="none")
+#: Settings of each latency variant (all: local models, sample ratio 1 unless ``off``).
+VARIANTS: dict[str, dict] = {
+    "off": dict(sample_ratio=0.0),
+    "in-process": dict(local_host=False),
+    "host": dict(),
+    "host-nice": dict(),  # the host at nice 19 without SCHED_IDLE (see latency_child)
+    "scripted-host": SCRIPTED,
+    "paced-host": dict(SCRIPTED, llm_model="benchmarks.model_host:PacedChatModel"),
+}
+
+
 def configure(variant: str, done: list, event: threading.Event):
     import relevancy_tracer
 
@@ -111,19 +159,42 @@ def configure(variant: str, done: list, event: threading.Event):
         done.append(outcome.status)
         event.set()
 
+    options = dict(local_host=True, sample_ratio=1.0)
+    options.update(VARIANTS[variant])
     relevancy_tracer.configure(
-        llm="local", embeddings="local", setup_otel=False, score_unrecorded=True, local_host=variant != "in-process",
-        local_host_idle_timeout=2.0, sample_ratio=0.0 if variant == "off" else 1.0, on_result=on_result,
-        evaluation_timeout=3600, hold_timeout=3600, queue_size=10000,
+        llm="local", embeddings="local", setup_otel=False, score_unrecorded=True, local_host_idle_timeout=2.0, on_result=on_result,
+        evaluation_timeout=3600, hold_timeout=3600, queue_size=10000, **options,
     )
 
 
 # ----------------------------------------------------------------------------- latency
 
 
+def host_scheduling(pid: int) -> dict:
+    """The scheduling policy and nice value of every thread of process ``pid``."""
+    names = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE") if hasattr(os, n)}
+    policies, nices = set(), set()
+    tasks = os.listdir(f"/proc/{pid}/task")
+    for task in tasks:
+        try:
+            policies.add(names.get(os.sched_getscheduler(int(task)), "other"))
+            nices.add(int(open(f"/proc/{pid}/task/{task}/stat").read().rsplit(")", 1)[1].split()[16]))
+        except (OSError, ValueError):  # a thread that ended meanwhile
+            pass
+    return {"policies": sorted(policies), "nice": sorted(nices), "threads": len(tasks)}
+
+
 def latency_child(variant: str, seconds: float, n: int, period: float) -> dict:
     import relevancy_tracer
 
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))
+    if variant == "host-nice":  # the host's niceness alone, without SCHED_IDLE
+        import dataclasses
+
+        from relevancy_tracer.scoring import backends
+
+        spec_of = backends.host_spec
+        backends.host_spec = lambda settings: dataclasses.replace(spec_of(settings), sched_idle=False)
     done: list = []
     event = threading.Event()
     configure(variant, done, event)
@@ -137,7 +208,15 @@ def latency_child(variant: str, seconds: float, n: int, period: float) -> dict:
         handler(WARM[0])
         if not event.wait(600):
             raise SystemExit("warm-up evaluation did not finish")
+    scheduling = None
+    if VARIANTS[variant].get("local_host", True) and variant != "off":
+        from relevancy_tracer import lifecycle
+        from relevancy_tracer.models import host_connection
+
+        scheduling = host_scheduling(host_connection(lifecycle.current().settings).info()["pid"])
     times = []
+    handler_cpu = 0.0
+    cpu_before = time.process_time()
     start = time.perf_counter()
     i = 0
     while time.perf_counter() - start < seconds:
@@ -145,28 +224,38 @@ def latency_child(variant: str, seconds: float, n: int, period: float) -> dict:
         delay = target - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         handler(PAIRS[i % len(PAIRS)][0])
         times.append(time.perf_counter() - began)
+        handler_cpu += time.thread_time() - began_cpu
         i += 1
+    tracer_cpu = time.process_time() - cpu_before - handler_cpu  # the tracer's threads, and the app thread's sleeps' overhead
     scored_during = len(done) - (0 if variant == "off" else 1)
     relevancy_tracer.shutdown(1.0)
     ms = [t * 1000 for t in times]
-    return {"variant": variant, "calls": len(ms), "p50_ms": round(statistics.median(ms), 2), "p99_ms": round(percentile(ms, 99), 2), "max_ms": round(max(ms), 2), "evaluations_finished": scored_during}
+    return {
+        "variant": variant, "calls": len(ms), "p50_ms": round(statistics.median(ms), 2), "p99_ms": round(percentile(ms, 99), 2), "max_ms": round(max(ms), 2),
+        "evaluations_finished": scored_during, "host_scheduling": scheduling, "app_cpu_outside_handler_s": round(tracer_cpu, 3),
+        "app_cpu_ms_per_evaluation": round(tracer_cpu * 1000 / scored_during, 2) if scored_during > 0 else None,
+    }
 
 
 def latency(args) -> dict:
     n = calibrate()
-    rows = {}
-    for variant in args.variants.split(","):
-        out = subprocess.run([sys.executable, "-m", "benchmarks.model_host", "latency-child", variant, str(args.seconds), str(n), str(args.period)], capture_output=True, text=True, cwd=ROOT)
-        if out.returncode != 0:
-            raise SystemExit(f"{variant} failed:\n{out.stderr[-3000:]}")
-        rows[variant] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(json.dumps(rows[variant]), flush=True)
-    off = rows.get("off", {}).get("p99_ms")
-    ratios = {v: round(r["p99_ms"] / off, 2) for v, r in rows.items() if off and v != "off"}
-    return {"benchmark": "latency", "cpus": os.cpu_count(), "seconds": args.seconds, "period_s": args.period, "spin_n": n, "variants": rows, "p99_ratio_vs_off": ratios}
+    rounds = []
+    for round_ in range(args.rounds):
+        rows = {}
+        for variant in args.variants.split(","):
+            env = dict(os.environ, MODEL_HOST_BENCH_PACE=str(args.pace))
+            out = subprocess.run([sys.executable, "-m", "benchmarks.model_host", "latency-child", variant, str(args.seconds), str(n), str(args.period)], capture_output=True, text=True, env=env, cwd=ROOT)
+            if out.returncode != 0:
+                raise SystemExit(f"{variant} failed:\n{out.stderr[-3000:]}")
+            rows[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+            print(json.dumps(dict(rows[variant], round=round_)), flush=True)
+        off = rows.get("off", {}).get("p99_ms")
+        ratios = {v: round(r["p99_ms"] / off, 2) for v, r in rows.items() if off and v != "off"}
+        rounds.append({"variants": rows, "p99_ratio_vs_off": ratios})
+    return {"benchmark": "latency", "cpus": os.cpu_count(), "seconds": args.seconds, "period_s": args.period, "pace_s": args.pace, "spin_n": n, **rounds[0], "rounds": rounds}
 
 
 # ----------------------------------------------------------------------------- forked
@@ -281,7 +370,9 @@ def main() -> int:
     lat = sub.add_parser("latency")
     lat.add_argument("--seconds", type=float, default=40.0)
     lat.add_argument("--period", type=float, default=0.05)
-    lat.add_argument("--variants", default="off,in-process,host")
+    lat.add_argument("--variants", default="off,in-process,host-nice,host,scripted-host", help=f"comma-separated, run in this order; of: {', '.join(VARIANTS)}")
+    lat.add_argument("--rounds", type=int, default=1, help="run the variants this many times (ratios per round, against that round's off)")
+    lat.add_argument("--pace", type=float, default=2.5, help="seconds per chat request of the paced-host variant's scripted model")
     lat.add_argument("--out")
     fork = sub.add_parser("forked")
     fork.add_argument("--workers", type=int, default=4)

@@ -298,6 +298,24 @@ def test_host_files_are_private(cache):
     models.llm.connection.close()
 
 
+@pytest.mark.parametrize("nice, policy", [(19, "SCHED_IDLE"), (10, "SCHED_OTHER")])
+def test_host_threads_run_under_sched_idle_at_nice_19(cache, nice, policy):
+    """``local_host_nice`` 19 (the default) also puts the host under SCHED_IDLE; every thread
+    has the policy and the niceness: those started at import (OpenBLAS's pool) and those
+    started later (the executor's, the model's). A lower niceness sets the niceness alone."""
+    models = build_models(Settings.resolve(**FAKE, local_host_nice=nice))
+    assert models.llm.generate([{"role": "user", "content": "hi"}]) == "generated: hi"  # runs in a thread of the host's executor
+    info = models.llm.connection.info()
+    assert info["policy"] == policy
+    host = psutil.Process(info["pid"])
+    threads = [t.id for t in host.threads()]
+    assert len(threads) > 1  # the executor's threads started after the policy was set
+    names = {os.SCHED_IDLE: "SCHED_IDLE", os.SCHED_OTHER: "SCHED_OTHER"}
+    assert {names.get(os.sched_getscheduler(tid)) for tid in threads} == {policy}
+    assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in threads} == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)}
+    models.llm.connection.close()
+
+
 def test_a_cancelled_request_is_cancelled_in_the_host_and_is_no_crash(cache, tmp_path, monkeypatch):
     """An evaluation that times out closes its connection: the host cancels that request, and
     the client neither counts a crash nor restarts the host."""
@@ -317,3 +335,32 @@ def test_a_cancelled_request_is_cancelled_in_the_host_and_is_no_crash(cache, tmp
     reply = asyncio.run(models.llm.chat_json(messages, {}, max_tokens=8))
     assert reply.model == "fake-host-chat" and connection.info()["pid"] == pid
     assert connection.starts == 1 and not connection._crashes
+
+
+def test_a_request_cancelled_before_it_connects_is_never_sent(cache, tmp_path, monkeypatch):
+    """A caller cancelled before its worker thread has connected (a loaded machine schedules that
+    thread late) gets ModelError at once; the request never reaches the host, where it would
+    hold the thread for as long as the model takes (here: forever)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relevancy_tracer.models.base import ModelError
+    from relevancy_tracer.models.host import _Call
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    monkeypatch.setenv(HOLD_FILE_ENV, str(hold))
+    connection = build_models(Settings.resolve(**FAKE)).llm.connection
+    served = connection.info()["served"]
+    call = _Call()
+    call.cancel()
+    payload = {"messages": [{"role": "user", "content": "hi"}], "schema": {}, "max_tokens": 8}
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(connection.request, "/chat", payload, call)
+        try:
+            with pytest.raises(ModelError, match="cancelled"):
+                sent.result(timeout=20)
+        finally:
+            hold.unlink()  # lets a request that did reach the host finish
+    info = connection.info()
+    assert info["served"] == served and info["in_flight"] == 0  # the host never saw it
+    connection.close()

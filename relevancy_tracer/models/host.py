@@ -9,7 +9,9 @@ embedder) run in a separate *model host* process, never in the app's address spa
 * every process of the user that needs the same models (forked app workers, the CLI, ``serve``,
   fleet workers on the machine) connects to the one running host: one llama.cpp context and
   one thread pool on the machine, whose decoder batches requests of all its clients together;
-* the host runs at a lower CPU priority (``nice``, default 19) than the app.
+* the host runs at a lower CPU priority than the app: ``nice`` (default 19) and, with nice 19,
+  Linux's ``SCHED_IDLE`` policy, so a waking app thread preempts its threads at once (see
+  :func:`lower_priority`).
 
 Protocol: JSON over HTTP on a Unix domain socket (aiohttp's :class:`~aiohttp.web.UnixSite`),
 forwarding exactly the two protocol calls (``POST /chat`` = ``ChatModel.chat_json``,
@@ -98,6 +100,9 @@ class HostSpec:
         embedder: local embedder name (``LOCAL_EMBEDDERS``) or ``module:function``, or None.
         nice: CPU niceness added to the host (0-19). idle_timeout: seconds the host lives on
             after its last client has gone.
+        sched_idle: also run the host under the ``SCHED_IDLE`` scheduling policy where the OS
+            allows it (:func:`lower_priority`); :func:`~relevancy_tracer.models.host_spec`
+            sets it for ``local_host_nice`` 19, the lowest priority.
     """
 
     llm: Optional[str] = None
@@ -107,15 +112,18 @@ class HostSpec:
     embedder: Optional[str] = None
     nice: int = 19
     idle_timeout: float = 60.0
+    sched_idle: bool = True
 
     @property
     def key(self) -> str:
         """16 hex digits naming this model set (and the protocol version)."""
-        ident = json.dumps([PROTOCOL, self.llm, self.threads, self.n_ctx, self.repack, self.embedder, self.nice], sort_keys=True)
+        ident = json.dumps([PROTOCOL, self.llm, self.threads, self.n_ctx, self.repack, self.embedder, self.nice, self.sched_idle], sort_keys=True)
         return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
     def argv(self) -> list[str]:
         args = ["--n-ctx", str(self.n_ctx), "--repack", self.repack, "--nice", str(self.nice), "--idle-timeout", f"{self.idle_timeout:g}"]
+        if self.sched_idle:
+            args.append("--sched-idle")
         if self.llm:
             args += ["--llm", self.llm]
         if self.threads:
@@ -675,6 +683,7 @@ class _Host:
         return web.json_response({
             "pid": os.getpid(), "protocol": PROTOCOL, "llm": getattr(self.llm, "name", None), "embedder": getattr(self.embedder, "name", None),
             "clients": self.clients, "in_flight": self.in_flight, "served": self.served, "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "policy": scheduling_policy(),
             "threads": self.threads, "decode_stats": asdict(stats) if stats is not None else None,
         })
 
@@ -744,27 +753,65 @@ class _Host:
             await asyncio.to_thread(close, 5.0)
 
 
-def lower_priority(nice: int) -> None:
-    """Lower this process's CPU priority by ``nice`` (0-19); call before starting threads.
+def lower_priority(nice: int, sched_idle: bool = False) -> str:
+    """Lower this process's CPU priority; call before starting threads (later threads, llama.cpp's
+    and the executor's, inherit it). Returns the scheduling policy in effect (``SCHED_IDLE`` or
+    ``SCHED_OTHER``).
 
-    Two steps, because the host runs in a session of its own: ``nice(2)`` (inherited by every
-    thread started later: llama.cpp's, the executor's), and, where the kernel groups processes
-    by session for scheduling (``CONFIG_SCHED_AUTOGROUP``, ``/proc/sys/kernel/
-    sched_autogroup_enabled`` = 1, the default of most desktop and many server kernels), the
-    nice value of the session's autogroup (``/proc/self/autogroup``, sched(7)): there a
-    process's nice value only ranks it within its session, and the host's session would get an
-    equal share of the CPU with the app's. Failures (no permission, no autogroup) are ignored.
+    Three steps, because the host runs in a session of its own:
+
+    * ``nice(2)`` by ``nice`` (0-19);
+    * where the kernel groups processes by session for scheduling (``CONFIG_SCHED_AUTOGROUP``,
+      ``/proc/sys/kernel/sched_autogroup_enabled`` = 1, the default of most desktop and many
+      server kernels), the nice value of the session's autogroup (``/proc/self/autogroup``,
+      sched(7)): there a process's nice value only ranks it within its session, and the host's
+      session would get an equal share of the CPU with the app's;
+    * with ``sched_idle``, Linux's ``SCHED_IDLE`` policy (sched(7), ``sched_setscheduler(2)``;
+      permitted without privileges): its threads run only when no normal thread wants the CPU,
+      and a normal thread waking up preempts them at once. Nice values bound a low-priority
+      task's *share* of the CPU, not the delay before a waking app thread runs, which is what
+      an app's tail latency sees.
+
+    On Linux nice values and policies belong to threads: the threads started before this call
+    (OpenBLAS starts its pool when numpy is imported) are lowered one by one
+    (``/proc/self/task``). Failures (no permission, no autogroup, no ``SCHED_IDLE`` on this OS)
+    are ignored: the steps that worked stay in effect.
     """
     try:
-        os.nice(nice)
+        lowered = os.nice(nice)
     except OSError as exc:
         if exc.errno != errno.EPERM:
             raise
+        lowered = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        others = [int(task) for task in os.listdir("/proc/self/task") if int(task) != threading.get_native_id()]
+    except OSError:  # not Linux: one process-wide value
+        others = []
+    for tid in others:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, lowered)
     try:
         with open("/proc/self/autogroup", "w") as handle:
             handle.write(str(nice))
     except OSError:
         pass
+    if sched_idle and hasattr(os, "SCHED_IDLE"):
+        try:
+            for tid in [0, *others]:
+                with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except OSError as exc:  # e.g. a seccomp profile refusing sched_setscheduler
+            logger.warning("relevancy-tracer: the model host keeps SCHED_OTHER (SCHED_IDLE refused: %s)", exc)
+    return scheduling_policy()
+
+
+def scheduling_policy(pid: int = 0) -> str:
+    """``SCHED_IDLE``, ``SCHED_OTHER``, ... of process (thread) ``pid`` (0: this thread)."""
+    if not hasattr(os, "sched_getscheduler"):
+        return "SCHED_OTHER"
+    policy = os.sched_getscheduler(pid)
+    names = {getattr(os, name): name for name in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR") if hasattr(os, name)}
+    return names.get(policy, str(policy))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -778,12 +825,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--embedder")
     parser.add_argument("--nice", type=int, default=19)
     parser.add_argument("--idle-timeout", type=float, default=60.0)
+    parser.add_argument("--sched-idle", action="store_true", help="run under SCHED_IDLE where the OS allows it")
     args = parser.parse_args(argv)
-    spec = HostSpec(args.llm, args.threads, args.n_ctx, args.repack, args.embedder, args.nice, args.idle_timeout)
-    if spec.nice:
-        lower_priority(spec.nice)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    spec = HostSpec(args.llm, args.threads, args.n_ctx, args.repack, args.embedder, args.nice, args.idle_timeout, args.sched_idle)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s model-host[%(process)d] %(message)s")
+    if spec.nice or spec.sched_idle:
+        lower_priority(spec.nice, spec.sched_idle)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     paths = HostPaths.of(spec, Path(args.directory) if args.directory else None)
     host = _Host(spec, paths)
     host.build()

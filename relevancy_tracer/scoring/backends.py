@@ -18,7 +18,11 @@ from ..models.base import ChatModel, Embedder, Models
 
 def host_spec(settings: Settings) -> Any:
     """The :class:`~relevancy_tracer.models.host.HostSpec` of the local models of ``settings`` (the chat model when
-    ``llm`` is local, the embedder when ``embeddings`` is): one host serves both."""
+    ``llm`` is local, the embedder when ``embeddings`` is): one host serves both.
+
+    ``local_host_nice`` 19, the lowest niceness and the default, also puts the host under
+    ``SCHED_IDLE`` where the OS allows it (see ``models.host.lower_priority``); 0-18 set the
+    niceness alone."""
     from ..models.host import HostSpec
 
     local_llm = settings.llm == "local"
@@ -30,6 +34,7 @@ def host_spec(settings: Settings) -> Any:
         embedder=settings.resolved_embedding_model if settings.embeddings == "local" else None,
         nice=settings.local_host_nice,
         idle_timeout=settings.local_host_idle_timeout,
+        sched_idle=settings.local_host_nice >= 19,
     )
 
 
