@@ -211,7 +211,7 @@ def latency_child(variant: str, seconds: float, n: int, period: float) -> dict:
     scheduling = None
     if VARIANTS[variant].get("local_host", True) and variant != "off":
         from relevancy_tracer import lifecycle
-        from relevancy_tracer.models import host_connection
+        from relevancy_tracer.scoring.backends import host_connection
 
         scheduling = host_scheduling(host_connection(lifecycle.current().settings).info()["pid"])
     times = []
