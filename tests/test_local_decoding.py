@@ -4,6 +4,7 @@ conversations, single-pass digit distributions, cancellation."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -44,7 +45,7 @@ class _Writer:
     def __init__(self, answer: str, answer_tokens: tuple = ()) -> None:
         self.vocab: list[bytes] = [b'"', b",", b"]", b" +"]
         self.scanner = JSONScanner('{"questions": ["')
-        self.limits = _ReplyLimits(self.scanner, 0, [1, 2], list(answer_tokens), answer, self.detokenize)
+        self.limits = _ReplyLimits(self.scanner, 0, {",": 1, "]": 2}, list(answer_tokens), answer, self.detokenize)
         self.generated: list[int] = []
 
     def token(self, piece: bytes) -> int:
@@ -151,6 +152,49 @@ def test_only_a_separator_may_follow_a_string_in_an_array():
     logits[3] = 10.0  # the model wants ` +` (continuing a cut string)
     writer.limits(writer.generated, logits)
     assert int(np.argmax(logits)) in (1, 2) and np.isinf(logits[3])
+
+
+@pytest.mark.parametrize(
+    "prefix, written, allowed",
+    [
+        ('{"questions": ["', 'Why?"', ",]"),
+        ('{"intent": "', 'The asker wants to know what it "', ",}"),  # an object's value
+        ('{"intent": "x", "', 'note"', ":"),  # an object's key
+        ('{"a": [{"b": "', 'c"', ",}"),  # a value in an object in an array
+        ('{"a": [{"b": "c"}, "', 'd"', ",]"),
+        ('{"a": "b", "c": {"', 'd"', ":"),
+        ('"', 'top level"', ""),
+        ('{"intent": "', 'unclosed', ""),
+    ],
+)
+def test_the_scanner_knows_what_may_follow_a_closed_string(prefix, written, allowed):
+    scanner = JSONScanner(prefix)
+    scanner.feed(written)
+    assert scanner.allowed_next == allowed
+    scanner.feed("  ")  # whitespace keeps the constraint, anything else ends it
+    assert scanner.allowed_next == allowed
+    scanner.feed(allowed[:1] or "x")
+    assert scanner.allowed_next == ""
+
+
+def test_an_unescaped_quote_in_an_objects_value_ends_the_string_validly():
+    # the intent statement of en-haluquestqa-89 quoted a phrase without escaping it, then went on
+    # writing ("... it "dials in" new coordinates"), and the reply was invalid JSON
+    vocab = [b'"', b",", b"}", b":", b"dials", b" in", b"It names what it"]
+    scanner = JSONScanner('{"intent": "')
+    limits = _ReplyLimits(scanner, 0, {",": 1, "}": 2, ":": 3}, [], "", lambda ids: b"".join(vocab[i] for i in ids).decode())
+    generated: list[int] = []
+    for want in [6, 0, 4, 5, 0]:  # the model's wishes: `It names what it`, `"`, `dials`, ` in`, `"`
+        logits = np.zeros(len(vocab), dtype=np.float32)
+        logits[2] = 5.0  # `}`: always its second choice
+        logits[want] = 10.0
+        limits(generated, logits)
+        chosen = int(np.argmax(logits))
+        generated.append(chosen)
+        if scanner.feed(vocab[chosen].decode()):
+            break
+    text = '{"intent": "' + b"".join(vocab[i] for i in generated).decode()
+    assert json.loads(text) == {"intent": "It names what it"} and scanner.done
 
 
 def test_sampling_is_greedy_at_zero_and_seeded_otherwise():

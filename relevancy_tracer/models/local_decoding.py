@@ -57,13 +57,22 @@ class JSONScanner:
         #: strings opened so far: one token can close a string and open the next (Qwen's ``","``),
         #: so a consumer that tracks "the current string" compares this count, not ``in_string``
         self.strings = 0
-        #: a string inside an array has just closed and only whitespace followed: the next
-        #: character must be ``,`` or ``]`` for the JSON to stay valid
-        self.expect_separator = False
+        #: the characters that may follow a string that has just closed (only whitespace since):
+        #: ``",]"`` inside an array, ``",}"`` after an object's value, ``":"`` after its key;
+        #: "" otherwise. Anything else (`` + "...``, an unescaped quote mid-sentence followed by
+        #: more words) makes the JSON invalid.
+        self.allowed_next = ""
         self._containers: list[str] = []
+        self._key = False  # inside an object, the next string is a key
+        self._string_is_key = False
         self.started = False
         self.done = False
         self.feed(prefix)
+
+    @property
+    def expect_separator(self) -> bool:
+        """A string has just closed and only the characters in :attr:`allowed_next` may follow."""
+        return bool(self.allowed_next)
 
     def feed(self, text: str) -> bool:
         for ch in text:
@@ -76,23 +85,32 @@ class JSONScanner:
                     self.escape = True
                 elif ch == '"':
                     self.in_string = False
-                    self.expect_separator = bool(self._containers) and self._containers[-1] == "["
+                    top = self._containers[-1] if self._containers else ""
+                    self.allowed_next = ",]" if top == "[" else (":" if self._string_is_key else ",}") if top == "{" else ""
                 continue
             if not ch.isspace():
-                self.expect_separator = False
+                self.allowed_next = ""
             if ch == '"':
                 self.in_string = True
                 self.strings += 1
+                self._string_is_key = self._key and bool(self._containers) and self._containers[-1] == "{"
+                self._key = False
             elif ch in "{[":
                 self.depth += 1
                 self._containers.append(ch)
+                self._key = ch == "{"
                 self.started = True
             elif ch in "}]":
                 self.depth -= 1
                 if self._containers:
                     self._containers.pop()
+                self._key = False
                 if self.started and self.depth <= 0:
                     self.done = True
+            elif ch == ",":
+                self._key = bool(self._containers) and self._containers[-1] == "{"
+            elif ch == ":":
+                self._key = False
         return self.done
 
 

@@ -32,7 +32,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -295,7 +295,7 @@ DECODING = (
     "llama.cpp: greedy; forced JSON prefix; 1-5 judgements as digit distributions after the prefix; "
     "replies copy at most 16 consecutive tokens of the <answer> block; JSON strings closed after 48 tokens "
     "or once they end in a copy of the answer's text over 20 wide characters (4 narrow = 1); "
-    "a string in an array is followed by , or ]"
+    "after a string only what JSON allows there: , or ] in an array, , or } after an object's value, : after its key"
 )
 
 
@@ -313,8 +313,11 @@ class _ReplyLimits:
     * a string value is closed (its quote forced) once it has run :data:`MAX_STRING_TOKENS`,
       or once its text ends in a copy of the answer's text longer than :data:`MAX_COPY_CHARS`
       (:func:`copy_weight`), whatever tokens wrote it;
-    * after a string inside an array, the next token is ``,`` or ``]`` (the model otherwise
-      continued a cut string with `` + "...`` or wrote an unescaped quote mid-sentence).
+    * after a string, the next token is one the JSON allows there (:attr:`JSONScanner.allowed_next`):
+      ``,`` or ``]`` inside an array, ``,`` or ``}`` after an object's value, ``:`` after its key.
+      The model otherwise continued a cut string with `` + "...``, or wrote an unescaped quote
+      mid-sentence and went on writing (an intent statement quoting ``"dials in"`` failed all
+      seven evaluations of its question as ``invalid_json``).
 
     ``scanner`` is fed every generated token (the request's stop check), so it knows where in
     the JSON the reply is.
@@ -324,14 +327,14 @@ class _ReplyLimits:
         self,
         scanner: JSONScanner,
         quote: int,
-        separators: Sequence[int],
+        separators: Mapping[str, int],
         answer_tokens: Sequence[int],
         answer_text: str = "",
         detokenize: Optional[Callable[[list[int]], str]] = None,
     ) -> None:
         self._scanner = scanner
         self._quote = quote
-        self._separators = list(separators)
+        self._separators = dict(separators)  # a structural character -> its single token
         self._no_copy = no_copy_processor(answer_tokens, MAX_COPY) if len(answer_tokens) > MAX_COPY else None
         self._answer_text = answer_text if detokenize is not None else ""
         self._detokenize = detokenize
@@ -360,8 +363,9 @@ class _ReplyLimits:
         scanner = self._scanner
         if not scanner.in_string:
             self._opened = None
-            if scanner.expect_separator and self._separators:
-                self._only(logits, self._separators)
+            allowed = [self._separators[ch] for ch in scanner.allowed_next if ch in self._separators]
+            if allowed:
+                self._only(logits, allowed)
             return
         if self._opened is None or scanner.strings != self._string:
             # a new string: its content starts after the token that opened it (which may also
@@ -440,7 +444,7 @@ class LocalChatModel:
         self._add_bos = False
         self._digit_tokens: dict[int, int] = {}
         self._quote_token = -1
-        self._separator_tokens: list[int] = []
+        self._separator_tokens: dict[str, int] = {}
         self._load_lock = threading.Lock()
         self._infer_lock = threading.Lock()
         _fork.renew_after_fork(self, LocalChatModel._renew_after_fork)
@@ -498,10 +502,10 @@ class LocalChatModel:
                         stop_ids.add(ids[0])
                 self._decoder = Decoder(llama, n_ctx=self._n_ctx, n_batch=256, n_threads=self._threads, n_slots=4, eos_tokens=stop_ids)
                 self._add_bos = bool(llama.add_bos_token())
-                single = {ch: llama.tokenize(ch.encode(), add_bos=False, special=False) for ch in '",]'}
+                single = {ch: llama.tokenize(ch.encode(), add_bos=False, special=False) for ch in '",]}:'}
                 single = {ch: ids[0] for ch, ids in single.items() if len(ids) == 1}
                 self._quote_token = single.get('"', -1)
-                self._separator_tokens = [single[ch] for ch in ",]" if ch in single]
+                self._separator_tokens = {ch: single[ch] for ch in ",]}:" if ch in single}
                 for digit in "0123456789":
                     for form in (digit, " " + digit):
                         tokens = llama.tokenize(form.encode(), add_bos=False, special=False)
