@@ -1,22 +1,23 @@
-"""The default against the previous default, pair by pair, from the records of
+"""The default against the previous defaults, pair by pair, from the records of
 ``benchmarks.quality`` (no model call).
 
 Issue 24 asks that the default be at least as good as the previous default ``ragas_intent`` on
-every perturbation kind beyond noise. ``ragas_intent`` is ``0.2 * ragas + 0.8 * intent``
-(``scoring.methods``); its ``ragas`` component is the same computation as the default's
-(the same question-generation request, embeddings and noncommittal rule), so it is taken from
-the default's records, and ``intent`` from the records of the ``intent`` method (the same
-requests ``ragas_intent`` makes for it)::
+every perturbation kind beyond noise. The default ``ragas_judge_intent`` and ``ragas_intent``
+(``0.2 * ragas + 0.8 * intent``) are made of the requests of two recorded runs, ``ragas_judge``
+(the question conversation and its judge turn, the embeddings) and ``intent`` (the intent
+statement and fulfilment judgement), so both are computed from those records
+(:func:`benchmarks.quality.from_parts`)::
 
-    python -m benchmarks.quality --configs intent --sets wikieval,pairs_en,pairs_zh
+    python -m benchmarks.quality --configs "ragas_judge:calibration=none",intent --sets wikieval,pairs_en,pairs_zh
     python -m benchmarks.compare_default              # tables on stdout, JSON in results/
 
-For each language and perturbation kind, on the rows where both methods have records:
+For each language and perturbation kind, on the rows where every method has records:
 pairwise accuracy (the reference answer scored above the degraded one; ties 0.5) of the
 default (raw score: the calibration is increasing, so it ranks alike), of ``ragas_intent``,
-``intent``, and the default's ``judge`` component, and a 95% paired bootstrap interval of
-the default's accuracy minus ``ragas_intent``'s (2,000 resamples of rows): an interval below
-0 means worse beyond noise. WikiEval: its 10 dev pairs (good vs poor answer).
+``ragas_judge`` (the default before), ``intent`` and the ``judge`` component, and a 95% paired
+bootstrap interval of the default's accuracy minus ``ragas_intent``'s (2,000 resamples of
+rows): an interval below 0 means worse beyond noise. WikiEval: its 10 dev pairs (good vs poor
+answer).
 """
 
 from __future__ import annotations
@@ -32,23 +33,21 @@ from benchmarks import quality as Q
 from relevancy_tracer.scoring.calibration import bootstrap_interval
 
 Key = tuple[str, str, str]
+DEFAULT, PREVIOUS = "ragas_judge_intent (default)", "ragas_intent (previous)"
 
 
-def scorers(default: dict[Key, dict], intent: dict[Key, dict]) -> dict[str, Callable[[Key], Optional[float]]]:
-    """Score functions over record keys: the default, ragas_intent, intent, the judge component."""
+def scorers(by_config: dict[str, dict[Key, dict]]) -> dict[str, Callable[[Key], Optional[float]]]:
+    """Score functions over record keys: the default, ragas_intent, ragas_judge, intent, the judge component."""
 
-    def component(k: Key, name: str) -> Optional[float]:
-        return (default[k].get("components") or {}).get(name)
-
-    def ragas_intent(k: Key) -> Optional[float]:
-        ragas, judged = component(k, "ragas"), intent[k].get("raw")
-        return None if ragas is None or judged is None else 0.2 * ragas + 0.8 * judged
+    def raw(config: str) -> Callable[[Key], Optional[float]]:
+        return lambda k: (by_config[config].get(k) or {}).get("raw")
 
     return {
-        "ragas_judge (default)": lambda k: default[k].get("raw"),
-        "ragas_intent (previous)": ragas_intent,
-        "intent": lambda k: intent[k].get("raw"),
-        "judge component": lambda k: component(k, "judge"),
+        DEFAULT: raw("ragas_judge_intent"),
+        PREVIOUS: raw("ragas_intent"),
+        "ragas_judge": raw("ragas_judge"),
+        "intent": raw("intent"),
+        "judge component": lambda k: ((by_config["ragas_judge"].get(k) or {}).get("components") or {}).get("judge"),
     }
 
 
@@ -62,34 +61,33 @@ def accuracy(score: Callable[[Key], Optional[float]], rows: list[tuple[Key, Key]
 
 
 def compare(records: list[dict], items: list[dict]) -> dict:
-    latest: dict[tuple, dict] = {}
-    for r in records:
-        latest[(r["config"], r["set"], r["id"], r["cand"])] = r
-    rj = Q.recompute_ragas_judge([r for k, r in latest.items() if k[0] == "ragas_judge"], items)
-    default = {(r["set"], r["id"], r["cand"]): r for r in rj}
-    intent = {(k[1], k[2], k[3]): r for k, r in latest.items() if k[0] == "intent" and r.get("raw") is not None}
-    fns = scorers(default, intent)
-    base = fns["ragas_intent (previous)"]
+    latest = Q.latest_records(records)
+    rj = Q.recompute_ragas_judge([r for r in latest if r["config"] == "ragas_judge"], items)
+    keyed = lambda rs: {(r["set"], r["id"], r["cand"]): r for r in rs}  # noqa: E731
+    by_config = {"ragas_judge": keyed(rj), "intent": keyed(r for r in latest if r["config"] == "intent")}
+    by_config.update({name: keyed(rs) for name, rs in Q.from_parts(latest, items).items()})
+    fns = scorers(by_config)
+    scored = {k for k, r in by_config["ragas_judge_intent"].items() if r.get("raw") is not None}
     out: dict = {}
     for lang in ("pairs_en", "pairs_zh", "wikieval"):
         kinds = ("poor_answer",) if lang == "wikieval" else Q.PERTURBATIONS
-        refs = sorted({k[1] for k in intent if k[0] == lang and k[2] == "answer" and k in default})
+        refs = sorted({k[1] for k in scored if k[0] == lang and k[2] == "answer"})
         for kind in kinds:
-            rows = [((lang, i, "answer"), (lang, i, kind)) for i in refs if (lang, i, kind) in intent and (lang, i, kind) in default]
+            rows = [((lang, i, "answer"), (lang, i, kind)) for i in refs if (lang, i, kind) in scored]
             if not rows:
                 continue
             idx = np.arange(len(rows))
             entry = {"n": len(rows), "references_scored": len(refs)}
             for name, fn in fns.items():
                 entry[name] = round(accuracy(fn, rows, idx), 3)
-            low, high = bootstrap_interval(lambda ix: accuracy(fns["ragas_judge (default)"], rows, ix) - accuracy(base, rows, ix), len(rows))
+            low, high = bootstrap_interval(lambda ix: accuracy(fns[DEFAULT], rows, ix) - accuracy(fns[PREVIOUS], rows, ix), len(rows))
             entry["default_minus_previous_ci"] = [round(low, 3), round(high, 3)]
             out.setdefault(lang, {})[kind] = entry
     return out
 
 
 def markdown(result: dict) -> str:
-    names = ["ragas_judge (default)", "ragas_intent (previous)", "intent", "judge component"]
+    names = [DEFAULT, PREVIOUS, "ragas_judge", "intent", "judge component"]
     lines = []
     for lang, kinds in result.items():
         lines += [f"#### {lang}", "", "| kind | rows | " + " | ".join(names) + " | default - previous [95% CI] |", "| --- | ---: |" + " --- |" * (len(names) + 1)]

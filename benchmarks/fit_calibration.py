@@ -17,10 +17,15 @@ Platt is the default because it is strictly increasing: the calibrated score kee
 ranking (pairwise accuracy and AUROC unchanged), where isotonic regression's flat steps tie
 answers the raw score orders.
 
-    python -m benchmarks.fit_calibration --config ragas_judge [--recompute-raw]
+    python -m benchmarks.fit_calibration --from-parts            # the default, ragas_judge_intent
+    python -m benchmarks.fit_calibration --config ragas_judge --recompute-raw
 
 ``--recompute-raw`` refits after a change of ragas_judge's combination only: the records'
 components are the same model calls' outputs, so their raw scores are recomputed exactly.
+``--from-parts`` computes the default's records from the ``ragas_judge`` and ``intent`` runs'
+records (:func:`benchmarks.quality.from_parts`: the same requests), real
+``ragas_judge_intent`` records replacing them where they exist. The calibration is written for
+the method named by ``--config`` with the current code's raw fingerprint.
 
 ``--evaluate FILE --held-out human=100,pairs_en=30,pairs_zh=20`` fits nothing: it reports the
 expected calibration error (with a bootstrap interval over questions), AUROC and the label's
@@ -115,7 +120,8 @@ def evaluate_held_out(records: list[dict], calibration_path: Path, fitted_limits
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="ragas_judge", help="config name in the records (the default method's run)")
+    parser.add_argument("--config", default="ragas_judge_intent", help="config name in the records, which is also the method the calibration is for")
+    parser.add_argument("--from-parts", action="store_true", help="ragas_judge_intent / ragas_intent records computed from the ragas_judge and intent records (no model call)")
     parser.add_argument("--records", type=Path, default=HERE / "results" / "quality_records.jsonl.gz", help="quality.py's records (gzip when the name ends in .gz)")
     parser.add_argument("--out", type=Path, default=None, help="default: relevancy_tracer/calibrations/<method>-local.json")
     parser.add_argument("--report", type=Path, default=HERE / "results" / "calibration.json")
@@ -127,6 +133,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     records = load(args.records, args.config)
+    if args.from_parts:
+        from benchmarks.quality import SETS, from_parts, load_items, read_records
+
+        derived = from_parts(read_records(args.records), load_items(SETS))
+        records = [r for r in derived.get(args.config, []) if r.get("raw") is not None]
     if args.recompute_raw:
         from benchmarks.quality import SETS, load_items, recompute_ragas_judge
 
@@ -143,13 +154,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     labels = np.asarray([int(r["label"]) for r in records])
     groups = [f"{r['set']}:{r['id']}" for r in records]
     sets = np.asarray([r["set"] for r in records])
-    settings = Settings.resolve(environ={}, llm="local", embeddings="local")
+    settings = Settings.resolve(environ={}, llm="local", embeddings="local", method=args.config.split(":")[0])
     engine = Engine(settings)
     models = engine.models
     fingerprint = engine.raw_fingerprint(settings, models)
     expected_version = evaluator_version(fingerprint, None, DEFAULT_THRESHOLDS)
     versions = {r.get("evaluator_version") for r in records}
-    if versions != {expected_version} and not args.recompute_raw:
+    if versions != {expected_version} and not (args.recompute_raw or args.from_parts):
         print(f"records were scored by evaluator(s) {sorted(map(str, versions))}, the uncalibrated default is {expected_version}: rerun the benchmark", file=sys.stderr)
         return 2
 

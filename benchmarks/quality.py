@@ -188,12 +188,13 @@ def append_records(path: Path) -> IO[str]:
     return path.open("a", encoding="utf-8")
 
 
-def run_config(engine: Any, name: str, overrides: dict, items: list[dict], records_path: Path, concurrency: int) -> None:
+def run_config(engine: Any, name: str, overrides: dict, items: list[dict], records_path: Path, concurrency: int, retry_failed: bool = False) -> None:
     """Score every item not yet in the records file with ``engine`` (method overrides applied),
-    appending one record per item as it finishes."""
+    appending one record per item as it finishes; with ``retry_failed``, also the items whose
+    latest record is a failure."""
     import asyncio
 
-    done = {(r["config"], r["set"], r["id"], r["cand"]) for r in read_records(records_path)}
+    done = {(r["config"], r["set"], r["id"], r["cand"]) for r in latest_records(read_records(records_path)) if not (retry_failed and r.get("status") != "scored")}
     todo = [it for it in items if (name, it["set"], it["id"], it["cand"]) not in done]
     print(f"== {name} {overrides}: {len(todo)} of {len(items)} items to score", flush=True)
     if not todo:
@@ -462,6 +463,58 @@ def recompute_ragas_judge(records: list[dict], items: Optional[list[dict]] = Non
     return out
 
 
+def latest_records(records: list[dict]) -> list[dict]:
+    """The last record of each (config, set, id, candidate): a rerun replaces the earlier one."""
+    latest: dict[tuple, dict] = {}
+    for r in records:
+        latest[(r["config"], r["set"], r["id"], r["cand"])] = r
+    return list(latest.values())
+
+
+def from_parts(records: list[dict], items: list[dict]) -> dict[str, list[dict]]:
+    """Records of ``ragas_judge_intent`` (the default) and ``ragas_intent`` (the previous
+    default) computed from the records of ``ragas_judge`` and ``intent``: the same requests,
+    with the same prompts and decoding. ``ragas_judge`` records hold the question conversation
+    (questions, judge turn), the embeddings of the question, the generated questions and the
+    answer (``ragas``, ``answer_similarity``) and ``novelty`` (computed from the texts), and
+    ``intent`` records the intent statement and fulfilment judgement. No model call. A record of
+    a real ``ragas_judge_intent`` run for the same item replaces the derived one.
+
+    Returns ``{"ragas_judge_intent": [...], "ragas_intent": [...]}``; records are marked
+    ``"derived_from"`` and carry ``seconds``/``llm_calls`` of neither.
+    """
+    from relevancy_tracer.scoring.methods import RAGAS_INTENT_WEIGHTS, ragas_judge_intent_raw, ragas_judge_intent_topical
+    from relevancy_tracer.scoring.restatement import novelty
+
+    latest = latest_records(records)
+    judge = {(r["set"], r["id"], r["cand"]): r for r in latest if r["config"] == "ragas_judge" and r.get("status") == "scored"}
+    intent = {(r["set"], r["id"], r["cand"]): r for r in latest if r["config"] == "intent"}
+    real = {(r["set"], r["id"], r["cand"]): r for r in latest if r["config"] == "ragas_judge_intent"}
+    texts = {(it["set"], it["id"], it["cand"]): (it["question"], it["answer"]) for it in items}
+    out: dict[str, list[dict]] = {"ragas_judge_intent": [], "ragas_intent": []}
+    weights = dict(RAGAS_INTENT_WEIGHTS)
+    for key, rj in judge.items():
+        if key not in intent or key not in texts:
+            continue
+        it = intent[key]
+        c = rj.get("components") or {}
+        base = {k: v for k, v in rj.items() if k not in ("seconds", "llm_calls", "input_tokens", "output_tokens", "evaluator_version")}
+        if it.get("status") != "scored" or it.get("raw") is None:
+            for name in out:
+                out[name].append(dict(base, config=name, status=it.get("status"), error=it.get("error"), raw=None, score=None, label_name=None, derived_from=["ragas_judge", "intent"]))
+            continue
+        new = novelty(*texts[key])
+        asim = c.get("answer_similarity", c.get("topicality"))  # records from before the restatement check
+        raw = ragas_judge_intent_raw({"judge": c["judge"], "intent": it["raw"]}, asim, c["ragas"], new)
+        components = {"judge": c["judge"], "intent": it["raw"], "topicality": ragas_judge_intent_topical(asim, c["ragas"], new), "ragas": c["ragas"], "answer_similarity": asim, "novelty": new}
+        if key not in real:
+            out["ragas_judge_intent"].append(dict(base, config="ragas_judge_intent", raw=raw, score=raw, label_name=None, components=components, intent=it.get("intent"), derived_from=["ragas_judge", "intent"]))
+        previous = (weights["ragas"] * c["ragas"] + weights["intent"] * it["raw"]) / (weights["ragas"] + weights["intent"])
+        out["ragas_intent"].append(dict(base, config="ragas_intent", raw=previous, score=previous, label_name=None, components={"ragas": c["ragas"], "intent": it["raw"]}, derived_from=["ragas_judge", "intent"]))
+    out["ragas_judge_intent"].extend(r for r in real.values())
+    return out
+
+
 def with_calibration(records: list[dict], kind: str = "platt") -> list[dict]:
     """``score`` = the raw score mapped by a calibration fitted on the human set of these
     records (out of sample for the pair sets; the human-set ECE is cross-validated separately)."""
@@ -589,6 +642,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--plot", type=Path, default=RESULTS / "calibration.png")
     parser.add_argument("--calibration-file", type=Path, default=None, help="also report each config with its raw score mapped by this calibration (labels from the calibrated thresholds)")
     parser.add_argument("--recompute-raw", action="store_true", help="ragas_judge records: raw recomputed from the stored components by the current combination")
+    parser.add_argument("--from-parts", action="store_true", help="also report ragas_judge_intent (the default) and ragas_intent (the previous default) computed from the ragas_judge and intent records (benchmarks.quality.from_parts; no model call)")
+    parser.add_argument("--retry-failed", action="store_true", help="score again the items whose record is a failure (e.g. after a decoding fix); the new record replaces it")
     parser.add_argument("--components", default="", help="comma-separated component names reported alone, derived from the configs' records (e.g. ragas,judge)")
     args = parser.parse_args(argv)
 
@@ -602,7 +657,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"models: {engine.models.llm.name} + {engine.models.embedder.name}; {len(items)} items", flush=True)
         engine.score("Warm-up question?", "Warm-up answer.")  # load the models outside the timings
         for name, overrides in configs:
-            run_config(engine, name, overrides, items, args.records, args.concurrency)
+            run_config(engine, name, overrides, items, args.records, args.concurrency, retry_failed=args.retry_failed)
 
     wanted = {(it["set"], it["id"], it["cand"]) for it in items}
     by_config: dict[str, list[dict]] = defaultdict(list)
@@ -612,6 +667,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.recompute_raw:
         for name in list(by_config):
             by_config[name] = recompute_ragas_judge(by_config[name], items)
+    if args.from_parts:
+        derived = from_parts([r for records in by_config.values() for r in records], items)
+        for name, records in derived.items():
+            if records:
+                by_config[name] = records
+                if not args.report_only and name not in [n for n, _ in configs]:
+                    configs.append((name, {}))
     scored = {(r["set"], r["id"], r["cand"]) for records in by_config.values() for r in records}
     by_config["word_overlap"] = baseline_records([it for it in items if (it["set"], it["id"], it["cand"]) in scored])
     names = [n for n, _ in configs if n in by_config] if not args.report_only else sorted(by_config)

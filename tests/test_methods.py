@@ -152,15 +152,109 @@ def test_default_method_is_ragas_questions_plus_the_intent_judge(server):
     assert engine.score(Q, "France is in western Europe.").llm_calls == 2  # the intent statement is cached per question
 
 
-RAGAS_JUDGE_COMPONENTS = {"judge", "topicality", "ragas", "answer_similarity", "residual_similarity", "novelty"}
+RAGAS_JUDGE_INTENT_COMPONENTS = {"judge", "intent", "topicality", "ragas", "answer_similarity", "novelty"}
 
 
 def test_default_settings_pick_the_default_method(server):
     from relevancy_tracer.config import Settings
 
     settings = Settings.resolve(environ={}, llm="openai", embeddings="openai", llm_base_url=server.base_url, llm_model="m", embedding_model="e")
-    assert settings.method == "ragas_judge" and settings.noncommittal == "per_question" and settings.generation == "joint"
-    assert Engine(settings).score(Q, A).components.keys() == RAGAS_JUDGE_COMPONENTS
+    assert settings.method == "ragas_judge_intent" and settings.noncommittal == "per_question" and settings.generation == "joint"
+    assert Engine(settings).score(Q, A).components.keys() == RAGAS_JUDGE_INTENT_COMPONENTS
+
+
+def _questions_reply(body):
+    from relevancy_tracer_testing import default_chat_reply
+
+    if prompts.QUESTIONS_TURN in body["messages"][-1]["content"]:
+        return json.dumps({"questions": ["Where is France?", "What is the capital of France?", "Is Paris in France?"], "noncommittal": [0, 0, 0]})
+    return default_chat_reply(body)
+
+
+def test_the_default_runs_the_question_conversation_and_the_intent_judge_and_combines_them(server):
+    from relevancy_tracer.scoring.methods import RAGAS_JUDGE_INTENT
+
+    server.chat_responder = _questions_reply
+    engine = engine_for(server, method="ragas_judge_intent", calibration="none")
+    result = engine.score(Q, A)
+    assert result.status == Status.SCORED and result.method == "ragas_judge_intent"
+    assert set(result.components) == RAGAS_JUDGE_INTENT_COMPONENTS and result.intent
+    assert result.generated_questions == ["Where is France?", "What is the capital of France?", "Is Paris in France?"]
+    chats = [r["messages"] for r in server.requests_to("chat")]
+    assert result.llm_calls == len(chats) == 4  # questions, the judge turn, the intent statement, the fulfilment
+    first = next(m for m in chats if prompts.QUESTIONS_TURN in m[-1]["content"])
+    judge = next(m for m in chats if prompts.JUDGE_TURN in m[-1]["content"])
+    assert judge[:2] == first and judge[2]["role"] == "assistant"  # the judgement continues the conversation
+    fulfilment = next(m for m in chats if "<intent>" in m[-1]["content"])
+    assert "<generated_questions>" not in fulfilment[-1]["content"] and "Where is France?" not in fulfilment[-1]["content"]
+    assert server.requests_to("embeddings")[0]["input"] == [Q, "Where is France?", "What is the capital of France?", "Is Paris in France?", A]
+    c = result.components
+    assert c["judge"] == pytest.approx(0.8) and c["intent"] == pytest.approx(0.8)  # the fake digit distribution
+    assert c["answer_similarity"] == pytest.approx(float(expected_sims(Q, [A])[0]), abs=1e-5)
+    assert c["novelty"] == pytest.approx(novelty(Q, A))
+    low, high = RAGAS_JUDGE_INTENT["novelty_ramp"]
+    cap = RAGAS_JUDGE_INTENT["cap"]
+    topical = min(max(c["answer_similarity"], c["ragas"]), cap * min(1.0, max(0.0, (c["novelty"] - low) / (high - low))))
+    assert c["topicality"] == pytest.approx(topical)
+    assert result.raw_score == pytest.approx((0.25 * c["judge"] + 0.75 * c["intent"] + min(topical, cap)) / (1 + cap))
+    # the intent statement depends on the question alone: cached
+    assert engine.score(Q, "France is in western Europe.").llm_calls == 3
+
+
+def test_the_default_gives_an_answer_that_restates_the_question_no_topical_credit(server):
+    from relevancy_tracer.scoring.methods import RAGAS_JUDGE_INTENT, ragas_judge_intent_raw
+
+    echo = engine_for(server, method="ragas_judge_intent", calibration="none").score(Q, Q)
+    assert echo.ok and echo.components["novelty"] == 0.0 and echo.components["answer_similarity"] == pytest.approx(1.0, abs=1e-5)
+    assert echo.components["topicality"] == 0.0
+    judged = 0.25 * echo.components["judge"] + 0.75 * echo.components["intent"]
+    assert echo.raw_score == pytest.approx(judged / (1 + RAGAS_JUDGE_INTENT["cap"]))
+    # the same judgements with an answer of new, on-topic content score a third higher
+    assert ragas_judge_intent_raw({"judge": 0.8, "intent": 0.8}, 0.6, 0.6, 0.9) == pytest.approx((0.8 + 0.5) / 1.5)
+    assert echo.raw_score < ragas_judge_intent_raw({"judge": 0.8, "intent": 0.8}, 0.6, 0.6, 0.9) - 0.3
+
+
+def test_concurrent_evaluations_of_one_question_share_its_intent_statement():
+    # the server answers slowly, so the four evaluations are in flight together
+    with FakeOpenAIServer(chat_delay=0.05, chat_responder=_questions_reply) as server:
+        engine = engine_for(server, method="ragas_judge_intent", calibration="none")
+        answers = [A, "France is in western Europe.", "Paris is its capital.", "I don't know."]
+        results = engine.evaluate([{"question": Q, "answer": a} for a in answers], concurrency=4)
+        statements = [r for r in server.requests_to("chat") if '"intent": "The asker wants' in r["messages"][-1]["content"]]
+    assert all(r.ok for r in results) and len({r.intent for r in results}) == 1
+    assert len(statements) == 1 and sum(r.llm_calls for r in results) == 4 * 3 + 1
+
+
+@pytest.mark.parametrize("failing", ["intent", "judge"])
+def test_the_default_keeps_scoring_on_the_other_judge_when_one_fails(server, failing):
+    from relevancy_tracer.scoring.methods import ragas_judge_intent_raw
+
+    marker = "<intent>" if failing == "intent" else prompts.JUDGE_TURN
+
+    def reply(body):  # the judge's request, and its re-ask, which appends a correction
+        asked = any(marker in m["content"] for m in body["messages"] if m["role"] == "user")
+        return '{"score": "N/A"}' if asked else _questions_reply(body)
+
+    server.chat_responder = reply
+    result = engine_for(server, method="ragas_judge_intent", calibration="none", json_retries=1).score(Q, A)
+    assert result.status == Status.SCORED and result.failed_components == {failing: Status.UNREADABLE_SCORE}
+    kept = "judge" if failing == "intent" else "intent"
+    c = result.components
+    assert failing not in c and c[kept] == pytest.approx(0.8)
+    assert result.raw_score == pytest.approx(ragas_judge_intent_raw({kept: c[kept]}, c["answer_similarity"], c["ragas"], c["novelty"]))
+
+
+def test_the_default_fails_when_both_judges_fail(server):
+    def reply(body):
+        text = " ".join(m["content"] for m in body["messages"] if m["role"] == "user")
+        return '{"score": "N/A"}' if "<intent>" in text or prompts.JUDGE_TURN in text else _questions_reply(body)
+
+    server.chat_responder = reply
+    result = engine_for(server, method="ragas_judge_intent", json_retries=1).score(Q, A)
+    assert result.status == Status.UNREADABLE_SCORE and result.score is None
+
+
+RAGAS_JUDGE_COMPONENTS = {"judge", "topicality", "ragas", "answer_similarity", "residual_similarity", "novelty"}
 
 
 def test_ragas_judge_continues_the_question_conversation_and_combines_its_components(server):

@@ -22,10 +22,15 @@ method             score                                                   LLM c
                    the ones that succeeded (seed 000: 0.3/0.25/0.25/0.2)
 ``ragas_intent``   0.2 ragas + 0.8 intent (the default before 0.3; see     2 (+1 per new
                    ``RAGAS_INTENT_WEIGHTS``)                               question, cached)
-``ragas_judge``    the default: a 1-5 judgement asked as the second turn   2 (one KV-shared
-                   of the RAGAS question conversation, plus the answer's   conversation)
-                   capped topicality, up to what the answer adds beyond    + 1 embeddings
-                   the question (no credit for restating it)
+``ragas_judge``    a 1-5 judgement asked as the second turn of the RAGAS   2 (one KV-shared
+                   question conversation, plus the answer's capped         conversation)
+                   topicality, up to what the answer adds beyond the       + 1 embeddings
+                   question (no credit for restating it); the previous
+                   default
+``ragas_judge_``   the default: ``ragas_judge``'s judgement and the        3 (+1 per new
+``intent``         ``intent`` judgement (0.25 / 0.75), plus the capped     question, cached)
+                   topicality, none for an answer that restates the        + 1 embeddings
+                   question (see ``RAGAS_JUDGE_INTENT``)
 =================  ======================================================  ================
 
 Question-only steps (decomposition into sub-questions, the intent statement) depend on the
@@ -69,16 +74,40 @@ class MethodOutput:
 
 
 class StepCache:
-    """A bounded LRU of question-only step results, keyed by (step, model, question)."""
+    """A bounded LRU of question-only step results, keyed by (step, model, question), and the
+    steps in flight: evaluations of one question running at once on one event loop share one
+    request (:meth:`EvalContext.cached`)."""
 
     def __init__(self, maxsize: int = 2048):
         self._data: "OrderedDict[tuple, Any]" = OrderedDict()
         self._maxsize = maxsize
         self._lock = threading.Lock()
+        self._inflight: dict[tuple, "asyncio.Future[Any]"] = {}
         _fork.renew_after_fork(self, StepCache._renew_after_fork)
 
     def _renew_after_fork(self) -> None:
         self._lock = threading.Lock()
+        self._inflight = {}
+
+    def shared(self, key: tuple, factory: Callable[[], Awaitable[Any]]) -> "asyncio.Future[Any]":
+        """The task computing ``key`` on the running loop: the one in flight, or a new one from
+        ``factory()`` (forgotten once done; at most one per key, so bounded by the evaluations
+        in flight)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            task = self._inflight.get(key)
+            if task is None or task.done() or task.get_loop() is not loop:
+                task = self._inflight[key] = loop.create_task(factory())
+
+                def forget(done: "asyncio.Future[Any]") -> None:
+                    if not done.cancelled():
+                        done.exception()  # retrieved: every waiter may have been cancelled
+                    with self._lock:
+                        if self._inflight.get(key) is done:
+                            del self._inflight[key]
+
+                task.add_done_callback(forget)
+        return task
 
     def get(self, key: tuple) -> Any:
         with self._lock:
@@ -145,10 +174,14 @@ class EvalContext:
         return judged_score(value, reply.score_probs, prompts.SCORE_LOW, prompts.SCORE_HIGH)
 
     async def cached(self, step: str, factory: Callable[[], Awaitable[Any]]) -> Any:
+        """A question-only step's result (e.g. the intent statement), computed once per (step,
+        model, question): from the cache, or shared with a concurrent evaluation of the same
+        question that is computing it. A failure is not cached; one waiter's cancellation does
+        not cancel the others' step."""
         key = (step, self.models.llm.name, self.question)
         value = self.cache.get(key)
         if value is None:
-            value = await factory()
+            value = await asyncio.shield(self.cache.shared(key, factory))
             self.cache.put(key, value)
         return value
 
@@ -485,6 +518,106 @@ async def ragas_judge(ctx: EvalContext) -> MethodOutput:
     )
 
 
+#: ragas_judge_intent's combination (the default; part of the evaluator fingerprint), chosen on
+#: the development sets' fit subsets from the stored components of ``ragas_judge`` and
+#: ``intent`` runs and checked on the held-out rest (docs/quality.md, "Choosing the default"):
+#: ``raw = (judges + min(topical, cap)) / (1 + cap)`` with ``judges = 0.25 * judge + 0.75 *
+#: intent`` (renormalised over the judges that succeeded) and ``topical = min(max(
+#: answer_similarity, ragas), cap * ramp(novelty))``, the ramp 0 at ``novelty_ramp[0]`` and
+#: below, 1 at ``novelty_ramp[1]`` and above. The intent judge (seed 000) sees the question
+#: and answer without the generated questions, which for an answer that restates the
+#: question are the question itself; it ranks padded and short Wikipedia-style answers where
+#: the second-turn judge does not, and its weakness, restated questions (it rates an echo as
+#: fulfilling the intent), is what the novelty ramp takes the topical credit from. raw lies in
+#: [0, 1] for non-negative similarities.
+RAGAS_JUDGE_INTENT = {
+    "judges": (("judge", 0.25), ("intent", 0.75)),
+    "cap": 0.5,
+    "novelty_ramp": (0.1, 0.4),
+    "topical": "min(max(answer_similarity, ragas), cap * ramp(novelty))",
+    "raw": "(judges + min(topical, cap)) / (1 + cap)",
+}
+
+
+def ragas_judge_intent_topical(answer_similarity: float, ragas: float, novelty: float) -> float:
+    """ragas_judge_intent's topical signal before the cap, roughly in [-1, 1]: the larger of the
+    answer's own embedding similarity to the question and the RAGAS score, up to ``cap *
+    ramp(novelty)`` (:data:`RAGAS_JUDGE_INTENT`; :func:`~.restatement.novelty` is the share of
+    the answer that is not the question's words): an answer that restates the question gets
+    none, one that is mostly new content keeps it whole."""
+    low, high = RAGAS_JUDGE_INTENT["novelty_ramp"]
+    ramp = min(1.0, max(0.0, (novelty - low) / (high - low)))
+    return min(max(answer_similarity, ragas), RAGAS_JUDGE_INTENT["cap"] * ramp)
+
+
+def ragas_judge_intent_raw(judges: dict[str, float], answer_similarity: float, ragas: float, novelty: float) -> float:
+    """ragas_judge_intent's raw score in [0, 1] (for non-negative similarities) from its components.
+
+    Args:
+        judges: the 1-5 judgements as [0, 1] scores that succeeded, ``{"judge": ..., "intent":
+            ...}`` (at least one); their weights (:data:`RAGAS_JUDGE_INTENT`) are renormalised
+            over the ones given.
+        answer_similarity, ragas, novelty: see :func:`ragas_judge_intent_topical`.
+
+    Raises ValueError when ``judges`` holds none of the judges.
+    """
+    weights = {name: w for name, w in RAGAS_JUDGE_INTENT["judges"] if name in judges}
+    if not weights:
+        raise ValueError(f"no judgement among {sorted(judges)}")
+    judged = sum(w * judges[name] for name, w in weights.items()) / sum(weights.values())
+    cap = RAGAS_JUDGE_INTENT["cap"]
+    return (judged + min(ragas_judge_intent_topical(answer_similarity, ragas, novelty), cap)) / (1.0 + cap)
+
+
+async def ragas_judge_intent(ctx: EvalContext) -> MethodOutput:
+    """The default: ``ragas_judge``'s conversation (RAGAS reverse-generated questions, then the
+    1-5 judgement of how well the answer addresses the question), seed 000's intent judgement
+    (the question's intent stated, cached per question, then the answer's fulfilment of it
+    rated 1-5) run beside it, and the answer's topicality up to what it adds beyond the
+    question; combined by :func:`ragas_judge_intent_raw`. Three chat requests per evaluation
+    (plus the intent statement once per question) and one embeddings request.
+
+    A judge that fails (e.g. an unreadable reply) leaves the other's weight alone
+    (``failed_components``); the evaluation fails only when both do or the questions do.
+
+    Components: ``judge``, ``intent``, ``ragas``, ``answer_similarity``, ``novelty`` and
+    ``topicality`` (:func:`ragas_judge_intent_topical`, before the cap)."""
+    judged, fulfilled = await asyncio.gather(judge_after_questions(ctx), intent(ctx), return_exceptions=True)
+    for outcome in (judged, fulfilled):
+        if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+            raise outcome  # cancellation and exits propagate
+    questions, flags = await _questions(ctx)  # done: the judge continued its conversation
+    sims = await embedding_similarities(ctx, list(questions) + [ctx.answer])
+    k = len(questions)
+    question_sims, answer_sim = sims[:k], float(sims[k])
+    ragas_score = apply_noncommittal(question_sims, flags, ctx.settings.noncommittal)
+    new = restatement.novelty(ctx.question, ctx.answer)
+    judges: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    for name, outcome in (("judge", judged), ("intent", fulfilled)):
+        if isinstance(outcome, BaseException):
+            failed[name] = failure_of(outcome)[0]
+        else:
+            judges[name] = outcome if name == "judge" else outcome.score
+    if not judges:
+        raise judged  # type: ignore[misc]  # both judges failed: the first one's failure
+    return MethodOutput(
+        score=ragas_judge_intent_raw(judges, answer_sim, ragas_score, new),
+        generated_questions=questions,
+        similarities=[float(x) for x in question_sims],
+        noncommittal=flags,
+        components={
+            **judges,
+            "topicality": ragas_judge_intent_topical(answer_sim, ragas_score, new),
+            "ragas": ragas_score,
+            "answer_similarity": answer_sim,
+            "novelty": new,
+        },
+        failed_components=failed,
+        intent=None if isinstance(fulfilled, BaseException) else fulfilled.intent,
+    )
+
+
 async def weighted(ctx: EvalContext, weights_setting: Sequence[tuple[str, float]]) -> MethodOutput:
     """Weighted mean of component methods; weights renormalised over the components that succeeded.
 
@@ -538,6 +671,16 @@ def _ragas_judge_prompts(settings: Settings) -> list[Any]:
     questions = _question_prompts(settings)
     judge = prompts.judge_turn(questions[0] + [{"role": "assistant", "content": "REPLY"}], "QUESTION")
     return questions + [judge, prompts.SCORE_SCHEMA, RAGAS_JUDGE]
+
+
+def _intent_prompts(settings: Settings) -> list[Any]:
+    return [prompts.intent("QUESTION"), prompts.INTENT_SCHEMA, prompts.fulfilment("QUESTION", "ANSWER", "INTENT"), prompts.SCORE_SCHEMA]
+
+
+def _ragas_judge_intent_prompts(settings: Settings) -> list[Any]:
+    questions = _question_prompts(settings)
+    judge = prompts.judge_turn(questions[0] + [{"role": "assistant", "content": "REPLY"}], "QUESTION")
+    return questions + [judge, prompts.SCORE_SCHEMA] + _intent_prompts(settings) + [RAGAS_JUDGE_INTENT]
 
 
 @dataclass(frozen=True)
@@ -601,6 +744,7 @@ def _registry(*methods: Method) -> dict[str, Method]:
 
 #: Every relevancy method, in the order the configuration reference lists them.
 METHODS: dict[str, Method] = _registry(
+    Method("ragas_judge_intent", ragas_judge_intent, _ragas_judge_intent_prompts),
     Method("ragas_judge", ragas_judge, _ragas_judge_prompts),
     Method("ragas_intent", weights=lambda settings: RAGAS_INTENT_WEIGHTS),
     Method("ragas", ragas, _question_prompts, component=True),
@@ -617,11 +761,6 @@ METHODS: dict[str, Method] = _registry(
         lambda s: [prompts.decompose("QUESTION"), prompts.DECOMPOSE_SCHEMA, prompts.coverage("ANSWER", ["SUB"]), prompts.coverage_schema(1)],
         component=True,
     ),
-    Method(
-        "intent",
-        intent,
-        lambda s: [prompts.intent("QUESTION"), prompts.INTENT_SCHEMA, prompts.fulfilment("QUESTION", "ANSWER", "INTENT"), prompts.SCORE_SCHEMA],
-        component=True,
-    ),
+    Method("intent", intent, _intent_prompts, component=True),
     Method("combined", weights=lambda settings: settings.combined_weights),
 )
