@@ -152,30 +152,58 @@ def parse_config(text: str) -> tuple[str, dict[str, Any]]:
     return name, overrides
 
 
+def _gunzip_members(data: bytes) -> bytes:
+    """The text of concatenated gzip members. A member left unfinished by a killed run keeps the
+    complete lines it flushed, and reading goes on at the next member's header (a later run
+    appends its members after the unfinished one, which a plain gzip reader stops at)."""
+    text = bytearray()
+    while data:
+        member = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
+        out = bytearray()
+        pos = 0
+        try:
+            while pos < len(data) and not member.eof:
+                chunk, saved = data[pos : pos + 65536], member.copy()
+                try:
+                    out += member.decompress(chunk)
+                except zlib.error:  # again byte by byte, keeping what came before the break
+                    member = saved
+                    for i in range(len(chunk)):
+                        out += member.decompress(chunk[i : i + 1])
+                    raise
+                pos += 65536
+        except zlib.error:
+            pass
+        if member.eof:
+            text += out
+            data = member.unused_data + data[pos:]
+            continue
+        text += out[: out.rfind(b"\n") + 1]
+        following = data.find(b"\x1f\x8b\x08", 1)
+        if following < 0:
+            break
+        data = data[following:]
+    return bytes(text)
+
+
 def read_records(path: Path) -> list[dict]:
     """The records of a JSON Lines file, plain or gzip-compressed (a ``.gz`` name: concatenated
     gzip members, as :func:`append_records` makes them). A run killed while appending leaves an
     unfinished gzip member or a cut last line: what it holds is read, the cut line left out, so
-    the next run resumes. A missing file has no records."""
+    the next run resumes (:func:`_gunzip_members`). A missing file has no records."""
     if not path.exists():
         return []
     data = path.read_bytes()
     if path.suffix == ".gz":
-        text = bytearray()
-        while data:
-            member = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
-            text += member.decompress(data)
-            if not member.eof:  # unfinished member: the data it flushed is all there is
-                break
-            data = member.unused_data
-        data = bytes(text)
+        data = _gunzip_members(data)
     lines = [line for line in data.decode("utf-8").split("\n") if line.strip()]
-    records = [json.loads(line) for line in lines[:-1]]
-    if lines:
+    records = []
+    for i, line in enumerate(lines):
         try:
-            records.append(json.loads(lines[-1]))
+            records.append(json.loads(line))
         except json.JSONDecodeError:  # cut off by a killed run
-            pass
+            if i != len(lines) - 1:
+                raise
     return records
 
 
@@ -501,7 +529,7 @@ def from_parts(records: list[dict], items: list[dict]) -> dict[str, list[dict]]:
         base = {k: v for k, v in rj.items() if k not in ("seconds", "llm_calls", "input_tokens", "output_tokens", "evaluator_version")}
         if it.get("status") != "scored" or it.get("raw") is None:
             for name in out:
-                out[name].append(dict(base, config=name, status=it.get("status"), error=it.get("error"), raw=None, score=None, label_name=None, derived_from=["ragas_judge", "intent"]))
+                out[name].append(dict(base, config=name, status=it.get("status"), error=it.get("error"), raw=None, score=None, label_name=None, components={}, derived_from=["ragas_judge", "intent"]))
             continue
         new = novelty(*texts[key])
         asim = c.get("answer_similarity", c.get("topicality"))  # records from before the restatement check

@@ -29,7 +29,8 @@ def test_fleet_benchmark_scores_every_job_and_loses_no_span_under_overload(tmp_p
 
 def test_quality_records_are_read_and_appended_gzip_compressed_and_survive_a_killed_run(tmp_path):
     """The committed records are gzip (``.jsonl.gz``): each run appends a gzip member; a run killed
-    mid-append leaves an unfinished member whose flushed records are still read, and a plain
+    mid-append leaves an unfinished member whose flushed records are still read, also once the
+    next run has appended its own member after it, and a plain
     ``.jsonl`` file reads as before."""
     from benchmarks.quality import append_records, read_records
 
@@ -49,6 +50,9 @@ def test_quality_records_are_read_and_appended_gzip_compressed_and_survive_a_kil
     out.close()
     path.write_bytes(killed)
     assert [(r["run"], r["i"]) for r in read_records(path)][-2:] == [(1, 2), (2, 0)]
+    with append_records(path) as out:  # the next run resumes: its member follows the unfinished one
+        out.write(json.dumps({"run": 3, "i": 0}) + "\n")
+    assert [(r["run"], r["i"]) for r in read_records(path)][-3:] == [(1, 2), (2, 0), (3, 0)]
     plain = tmp_path / "records.jsonl"
     with append_records(plain) as out:
         out.write(json.dumps({"run": 0}) + "\n")

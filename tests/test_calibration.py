@@ -168,12 +168,14 @@ def test_calibrate_cli_fits_prints_and_the_score_command_uses_it(server, tmp_pat
     assert "fitted for another" not in proc.stderr
 
 
-def test_the_shipped_calibration_applies_to_the_embedded_default():
+@pytest.mark.parametrize("method", [None, "ragas_judge"])
+def test_the_shipped_calibration_applies_to_the_embedded_default(method):
     """The shipped calibration is matched by raw fingerprint (method, prompts, models, decoding):
     a change of any of them must come with a refitted one (benchmarks/fit_calibration.py), or
     the embedded default silently falls back to raw scores and raw-score thresholds. Models are
-    built, not loaded."""
-    engine = Engine(Settings.resolve(llm="local", embeddings="local", calibration="auto"))
+    built, not loaded. The same for the previous default, which ships its own."""
+    overrides = {"method": method} if method else {}
+    engine = Engine(Settings.resolve(llm="local", embeddings="local", calibration="auto", **overrides))
     calibration, thresholds, version = engine.identity(engine.settings, engine.models)
     assert calibration is not None, "no shipped calibration matches the default's raw fingerprint"
     assert calibration.method == engine.settings.method and calibration.fitted_on["raw_fingerprint"] == engine.raw_fingerprint()

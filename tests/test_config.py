@@ -15,7 +15,7 @@ from .conftest import ROOT
 def test_defaults():
     settings = Settings.resolve(environ={})
     assert settings.strictness == 3 and settings.noncommittal == "per_question" and settings.generation == "joint"
-    assert settings.method == "ragas_judge"
+    assert settings.method == "ragas_judge_intent"
     assert settings.thresholds is None and settings.calibration == "auto" and settings.attach == "answer_span" and settings.hold_timeout == 60.0
 
 
