@@ -689,7 +689,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     wanted = {(it["set"], it["id"], it["cand"]) for it in items}
     by_config: dict[str, list[dict]] = defaultdict(list)
-    for record in read_records(args.records):
+    for record in latest_records(read_records(args.records)):
         if (record["set"], record["id"], record["cand"]) in wanted:
             by_config[record["config"]].append(record)
     if args.recompute_raw:

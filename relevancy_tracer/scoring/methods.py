@@ -520,7 +520,7 @@ async def ragas_judge(ctx: EvalContext) -> MethodOutput:
 
 #: ragas_judge_intent's combination (the default; part of the evaluator fingerprint), chosen on
 #: the development sets' fit subsets from the stored components of ``ragas_judge`` and
-#: ``intent`` runs and checked on the held-out rest (docs/quality.md, "Choosing the default"):
+#: ``intent`` runs and checked on the held-out rest (docs/methods.md, figures in docs/quality.md):
 #: ``raw = (judges + min(topical, cap)) / (1 + cap)`` with ``judges = 0.25 * judge + 0.75 *
 #: intent`` (renormalised over the judges that succeeded) and ``topical = min(max(
 #: answer_similarity, ragas), cap * ramp(novelty))``, the ramp 0 at ``novelty_ramp[0]`` and
