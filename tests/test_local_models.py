@@ -253,10 +253,13 @@ def test_the_model_host_gives_the_in_process_scores(local_engine, seed_results):
     (``local_host=false``) get the same raw scores and digit distributions; only the host loaded
     llama.cpp's context for the hosted engine.
 
-    Exactly for ``ragas_judge``, whose requests run one after another, so a lone evaluation
-    always decodes in batches of one. The default's intent judgement runs beside its questions
-    conversation: which tokens share a batch depends on timing, and batched sums differ in the
-    last digits, so its raw score matches within a few hundredths."""
+    Within 0.01 for ``ragas_judge``, whose requests run one after another: its prompt reuses
+    the KV state the host kept from the default's evaluation of the same answer, computed in
+    batches with that evaluation's intent requests, and batched sums differ in the last digits
+    (0.9133 against 0.9118 in one CI run). Within 0.05 for the default, whose intent judgement
+    runs beside its questions conversation, so which tokens share a batch depends on timing. A
+    decoding bug (a wrong position, a stale KV cell, another sequence's logits) moves logits by
+    whole units."""
     assert local_engine.settings.local_host and type(local_engine.models.llm).__name__ == "HostChatModel"
     info = local_engine.models.llm.connection.info()
     assert info["pid"] != os.getpid() and info["nice"] >= 19 - os.getpriority(os.PRIO_PROCESS, 0)
@@ -264,7 +267,7 @@ def test_the_model_host_gives_the_in_process_scores(local_engine, seed_results):
     for name, question, answer in (("complete", FRANCE, FRANCE_COMPLETE), ("zh", ZH_QUESTION, ZH_ANSWER)):
         hosted, local = local_engine.score(question, answer, method="ragas_judge"), inline.score(question, answer, method="ragas_judge")
         assert local.status == hosted.status == Status.SCORED and hosted.evaluator_version == local.evaluator_version
-        assert hosted.raw_score == pytest.approx(local.raw_score, abs=1e-3), (name, hosted.raw_score, local.raw_score)
+        assert hosted.raw_score == pytest.approx(local.raw_score, abs=0.01), (name, hosted.raw_score, local.raw_score)
         default, inline_default = seed_results[name], inline.score(question, answer)
         assert default.evaluator_version == inline_default.evaluator_version
         assert default.raw_score == pytest.approx(inline_default.raw_score, abs=0.05), (name, default.components, inline_default.components)
