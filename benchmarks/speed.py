@@ -114,7 +114,7 @@ def main() -> int:
         ),  # prompt = evaluated, cached = reused from the KV cache, generated
         "labels_good": [r.label for r in results[0::2]],
         "labels_poor": [r.label for r in results[1::2]],
-        "local_repack": settings.local_repack,
+        "local_repack": getattr(settings, "local_repack", None),  # absent from older checkouts
         "weights_repacked": getattr(engine.models.llm, "repacked", None),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "cpu": _cpu_model(), "load_average": os.getloadavg()},
     }
