@@ -387,6 +387,30 @@ def test_serve_on_a_public_address_without_a_token_refuses_to_start(no_exports):
         ScoringService(settings.replace(**overrides), host=host, http_port=None, grpc_port=None, allow_unauthenticated=allow).stop(1)  # constructed: allowed
 
 
+def test_serve_takes_its_connection_bounds_from_the_environment(model, backend, tmp_path):
+    """RELEVANCY_TRACER_RECEIVER_MAX_CONNECTIONS and _IDLE_TIMEOUT reach the receiver of a real
+    `serve`: with 2 connections allowed, a third silent one gets 503 at once while two are held,
+    and the held ones are closed by the server once idle for 1 s (the default is 15 s)."""
+    running = start_serve(tmp_path, model, backend, RELEVANCY_TRACER_RECEIVER_MAX_CONNECTIONS="2", RELEVANCY_TRACER_RECEIVER_IDLE_TIMEOUT="1")
+    held: list[socket.socket] = []
+    try:
+        for _ in range(2):
+            held.append(socket.create_connection(("127.0.0.1", running.http_port), timeout=10))
+        extra = socket.create_connection(("127.0.0.1", running.http_port), timeout=10)
+        refused = read_until_closed(extra)
+        extra.close()
+        started = time.monotonic()
+        endings = [read_until_closed(sock) for sock in held]
+        waited = time.monotonic() - started
+        assert refused.startswith(b"HTTP/1.1 503") and b"Retry-After" in refused
+        assert endings == [b"", b""] and waited < 10  # closed by the server, well before the 15 s default
+    finally:
+        for sock in held:
+            sock.close()
+        output = stop_serve(running)
+    assert "Traceback" not in output, output[-5000:]
+
+
 # ------------------------------------------------------------------------------ TLS
 
 

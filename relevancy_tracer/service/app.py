@@ -96,7 +96,7 @@ class ScoringService:
     Args:
         settings: models, method, capture, ``concurrency``, ``queue_size``,
             ``evaluation_timeout``, ``hold_timeout``, ``phoenix_url``, ``service_token``,
-            ``max_request_bytes`` (default: from the environment).
+            ``max_request_bytes`` and the ``receiver_*`` bounds (default: from the environment).
         selection: which spans to score (default: OpenInference CHAIN/AGENT/LLM and GenAI spans,
             outermost per trace, the settings' ``sample_ratio`` and ``rate_limit``).
         queue_url: ``redis://host:port/db`` to queue on a Redis Stream for a fleet of
@@ -105,7 +105,7 @@ class ScoringService:
         tls_cert, tls_key: PEM files: serve HTTPS and gRPC over TLS (both or neither).
         allow_unauthenticated: listen on a non-loopback ``host`` without ``service_token``.
         limits: the receiver's connection and time bounds (default :class:`ReceiverLimits`
-            with the settings' ``max_request_bytes``).
+            from the settings' ``max_request_bytes`` and ``receiver_*``).
 
     Raises:
         ValueError: a non-loopback ``host`` without ``service_token`` and without
@@ -148,7 +148,13 @@ class ScoringService:
             depth = lambda: self.jobs.depth  # noqa: E731
         self.telemetry = ServiceTelemetry(queue_depth=depth)
         self.scorer = None if self.queue is not None else Scorer(s, self.telemetry, PhoenixClient(s.phoenix_url) if s.phoenix_url else None)
-        self.limits = limits or ReceiverLimits(max_request_bytes=s.max_request_bytes)
+        self.limits = limits or ReceiverLimits(
+            max_request_bytes=s.max_request_bytes,
+            max_connections=s.receiver_max_connections,
+            idle_timeout=s.receiver_idle_timeout,
+            body_timeout=s.receiver_body_timeout,
+            max_inflight=s.receiver_max_inflight,
+        )
         # attribute texts are cut before selection parses them: one character past the largest
         # content budget keeps the scorer's truncation visible
         self._max_text_chars = max(s.max_question_chars, s.max_answer_chars, s.max_context_chars, s.max_content_chars) + 1
