@@ -26,6 +26,7 @@ Usage (from the repository root, after ``make bench``'s venvs exist)::
     .venv/bin/python -m benchmarks.local                 # 10 English + 10 Chinese reference rows
     .venv/bin/python -m benchmarks.local --rows 6 --threads 2
     .venv/bin/python -m benchmarks.local --concurrency 4 --out benchmarks/results/local_c4.json
+    .venv/bin/python -m benchmarks.local --ragas-from benchmarks/results/local_work   # ours only, same rows
 """
 
 from __future__ import annotations
@@ -241,6 +242,7 @@ def run_ragas(items: list[dict], gguf: Path, threads: int, embedding_model: str,
         command = [str(BENCH_PYTHON), "-m", "benchmarks.local", "--ragas-worker", "--items", str(items_path), "--results", str(results_path), "--llm-url", proxy.url, "--embed-url", embeddings.url, "--concurrency", str(concurrency)]
         subprocess.run(command, check=True, cwd=ROOT, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
         requests = proxy.since(mark)
+        (work / "ragas_requests.json").write_text(json.dumps(requests), encoding="utf-8")  # for --ragas-from
         written = json.loads(results_path.read_text(encoding="utf-8"))
         return written["results"], requests, written["wall_seconds"]
     finally:
@@ -259,7 +261,8 @@ def run_default(items: list[dict], threads: int, concurrency: int = 1) -> tuple[
     from relevancy_tracer.config import Settings
     from relevancy_tracer.scoring.engine import Engine
 
-    engine = Engine(Settings.resolve(llm="local", embeddings="local", local_threads=threads))
+    # in process, as the module says (the default since then runs the models in the model host)
+    engine = Engine(Settings.resolve(llm="local", embeddings="local", local_threads=threads, local_host=False))
     engine.score("Warm-up question?", "Warm-up answer.")
 
     async def evaluate(item: dict) -> dict:
@@ -267,7 +270,9 @@ def run_default(items: list[dict], threads: int, concurrency: int = 1) -> tuple[
         return {"score": result.score, "error": result.error, "llm_calls": result.llm_calls, "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "method": result.method}
 
     results, wall = asyncio.run(run_limited(items, evaluate, concurrency, "relevancy-tracer"))
-    engine.models.llm.close()
+    close = getattr(engine.models.llm, "close", None)
+    if close is not None:
+        close()
     return results, wall
 
 
@@ -282,19 +287,21 @@ def summarise(name: str, items: list[dict], results: list[dict], requests: Optio
     if requests is not None:  # ragas: from the counting proxy
         chat = [r for r in requests if r["path"].endswith("/chat/completions")]
         calls, tokens_in, tokens_out = len(chat), sum(r["prompt_tokens"] for r in chat), sum(r["completion_tokens"] for r in chat)
-    else:
+    elif all("llm_calls" in r for r in results):
         calls = sum(r["llm_calls"] for r in results)
         tokens_in = sum(r["input_tokens"] for r in results)
         tokens_out = sum(r["output_tokens"] for r in results)
+    else:  # ragas reused from a run that did not keep the proxy's counts
+        calls = tokens_in = tokens_out = None
     pairs = quality.pair_report(records, "score")
     return {
         "name": name,
         "evaluations": n,
         "seconds_per_eval": round(seconds / n, 2),
         "latency_per_eval": round(sum(r["seconds"] for r in results) / n, 2),
-        "llm_calls_per_eval": round(calls / n, 2),
-        "input_tokens_per_eval": round(tokens_in / n, 1),
-        "output_tokens_per_eval": round(tokens_out / n, 1),
+        "llm_calls_per_eval": None if calls is None else round(calls / n, 2),
+        "input_tokens_per_eval": None if tokens_in is None else round(tokens_in / n, 1),
+        "output_tokens_per_eval": None if tokens_out is None else round(tokens_out / n, 1),
         "failures": sum(1 for r in results if r["score"] is None),
         "pairs": pairs,
     }
@@ -306,6 +313,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=quality.RESULTS / "local.json")
     parser.add_argument("--concurrency", type=int, default=1, help="evaluations in flight on each side (default 1: one at a time)")
+    parser.add_argument("--ragas-from", type=Path, default=None, help="reuse the ragas side of an earlier run of the same rows: its work directory (ragas_items.json, ragas_results.json, and ragas_requests.json for the token counts when it was written)")
     parser.add_argument("--ragas-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--items", help=argparse.SUPPRESS)
     parser.add_argument("--results", help=argparse.SUPPRESS)
@@ -329,7 +337,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"{len(items)} evaluations per method; {args.threads} threads; {gguf.name} + {settings.resolved_embedding_model}", flush=True)
 
     print("== ragas 0.4.3 AnswerRelevancy via llama-cpp-python's server", flush=True)
-    ragas_results, requests, ragas_wall = run_ragas(items, gguf, args.threads, settings.resolved_embedding_model, work, args.concurrency)
+    if args.ragas_from is not None:
+        saved = args.ragas_from
+        if json.loads((saved / "ragas_items.json").read_text(encoding="utf-8")) != items:
+            print(f"{saved} holds other rows than --rows {args.rows}", file=sys.stderr)
+            return 2
+        written = json.loads((saved / "ragas_results.json").read_text(encoding="utf-8"))
+        ragas_results, ragas_wall = written["results"], written["wall_seconds"]
+        requests_path = saved / "ragas_requests.json"
+        requests = json.loads(requests_path.read_text(encoding="utf-8")) if requests_path.exists() else None
+        print(f"   reused from {saved} ({len(ragas_results)} results; token counts {'reused' if requests is not None else 'not recorded'})", flush=True)
+    else:
+        ragas_results, requests, ragas_wall = run_ragas(items, gguf, args.threads, settings.resolved_embedding_model, work, args.concurrency)
     concurrent = args.concurrency > 1
     ragas = summarise("ragas 0.4.3 AnswerRelevancy (llama.cpp server)", items, ragas_results, requests, ragas_wall if concurrent else None)
     print("== relevancy-tracer default, in-process", flush=True)
@@ -340,7 +359,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     lines.append("| --- " * (5 + 2 * len(quality.PERTURBATIONS)) + "|")
     for row in (ragas, ours):
         acc = [row["pairs"].get(lang, {}).get(p, {}).get("accuracy") for lang in ("pairs_en", "pairs_zh") for p in quality.PERTURBATIONS]
-        lines.append(f"| {row['name']} | {row['seconds_per_eval']:.1f} | {row['llm_calls_per_eval']:.1f} | {row['input_tokens_per_eval']:.0f} / {row['output_tokens_per_eval']:.0f} | " + " | ".join("-" if a is None else f"{a:.2f}" for a in acc) + f" | {row['failures']} |")
+        calls = "-" if row["llm_calls_per_eval"] is None else f"{row['llm_calls_per_eval']:.1f}"
+        tokens = "-" if row["input_tokens_per_eval"] is None else f"{row['input_tokens_per_eval']:.0f} / {row['output_tokens_per_eval']:.0f}"
+        lines.append(f"| {row['name']} | {row['seconds_per_eval']:.1f} | {calls} | {tokens} | " + " | ".join("-" if a is None else f"{a:.2f}" for a in acc) + f" | {row['failures']} |")
     ratio = ours["seconds_per_eval"] / ragas["seconds_per_eval"]
     lines.append("")
     lines.append(f"relevancy-tracer / ragas seconds per evaluation: **{ratio:.2f}x** (target <= 0.5x)")
