@@ -43,12 +43,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from ..config import Settings
 from .otlp import GzipInflater, OTLPDecodeError, RequestTooLarge, parse_request
 
 logger = logging.getLogger("relevancy_tracer")
 
+def _setting_default(name: str) -> Any:
+    """The default of a :class:`~relevancy_tracer.config.Settings` field: the one place it is written."""
+    return Settings.__dataclass_fields__[name].default
+
+
 #: Default bound of a request body and of its decompressed size (see ``max_request_bytes``).
-DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES = _setting_default("max_request_bytes")
 
 # google.rpc.Code values carried in error bodies (the gRPC status codes).
 INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, RESOURCE_EXHAUSTED, INTERNAL, UNAVAILABLE, UNAUTHENTICATED = 3, 4, 5, 8, 13, 14, 16
@@ -79,7 +85,8 @@ GRPC_SERVICES = {"traces": "opentelemetry.proto.collector.trace.v1.TraceService"
 
 @dataclass(frozen=True)
 class ReceiverLimits:
-    """Bounds of the receiver (all > 0).
+    """Bounds of the receiver (all > 0). Defaults: the settings ``max_request_bytes`` and
+    ``receiver_*`` (``relevancy_tracer.config``), where they are documented.
 
     Attributes:
         max_request_bytes: largest body, and largest decompressed body, in bytes.
@@ -93,10 +100,10 @@ class ReceiverLimits:
     """
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_connections: int = 256
-    idle_timeout: float = 15.0
-    body_timeout: float = 30.0
-    max_inflight: int = 8
+    max_connections: int = _setting_default("receiver_max_connections")
+    idle_timeout: float = _setting_default("receiver_idle_timeout")
+    body_timeout: float = _setting_default("receiver_body_timeout")
+    max_inflight: int = _setting_default("receiver_max_inflight")
 
 
 class DrainRate:
