@@ -62,6 +62,15 @@ SHIPPED = HERE.parent / "relevancy_tracer" / "calibrations"
 FIT_ROWS = "human=100,pairs_en=30,pairs_zh=20,wikieval=10"
 
 
+#: Where the shipped prior comes from (recorded in the calibration file, explained in
+#: docs/calibration.md).
+PRIOR_SOURCE = (
+    "share of production answers people judge relevant: ExpertQA experts rated 382 of 478 system answers "
+    "'Useful' (0.80); HaluQuestQA experts flagged no relevance or completeness problem in 469 of 520 judged GPT-4 "
+    "answers (0.90); ../shared/data/README_devsets.md"
+)
+
+
 def parse_rows(text: str) -> dict[str, int]:
     """``"human=100,pairs_en=30"`` -> ``{"human": 100, "pairs_en": 30}``."""
     return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(",") if part.strip())}
@@ -129,6 +138,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--kind", choices=("platt", "isotonic"), default="platt", help="the calibration written (both are cross-validated and reported)")
     parser.add_argument("--evaluate", type=Path, default=None, help="a calibration file to evaluate on held-out rows (fits nothing)")
     parser.add_argument("--held-out", default=FIT_ROWS, help="with --evaluate: SET=N, the first N rows of each set were the fit's; the rest are evaluated")
+    parser.add_argument("--balanced", action="store_true", help="class-balanced Platt fit: the map is the evidence (log likelihood ratio), the prior is stated apart (--prior)")
+    parser.add_argument("--prior", type=float, default=None, help="the production prior the calibration states (with --balanced; docs/calibration.md gives its source)")
     parser.add_argument("--fit-rows", default=FIT_ROWS, help="SET=N: the fit uses the first N rows of each set (the benchmark's hash order) and nothing else, so the rest stays held out ('all': every record)")
     args = parser.parse_args(argv)
 
@@ -190,6 +201,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         source="../shared/data dev sets: " + ", ".join(sources) + f" (benchmarks/fit_calibration.py; first rows {args.fit_rows})",
         folds=5,
         groups=groups,
+        balanced=args.balanced,
+        prior=args.prior,
+        **({"prior_source": PRIOR_SOURCE} if args.prior is not None else {}),
     )
     report["chosen"] = chosen
     report["fingerprint"] = fingerprint

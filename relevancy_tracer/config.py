@@ -46,6 +46,12 @@ DEFAULT_THRESHOLDS = (0.8, 0.6, 0.4)
 #: Label thresholds on calibrated scores (probabilities that a person judges the answer as
 #: addressing the question); chosen on the development sets (docs/quality.md).
 PROBABILITY_THRESHOLDS = (0.5, 0.3, 0.15)
+#: Label thresholds on the evidence of a calibrated score: the natural-log likelihood ratio
+#: ``log P(raw | relevant) / P(raw | not relevant)`` (no prior in it, so labels do not move with
+#: ``relevancy_prior``): >= 0 (the evidence favours relevant) ``directly_addresses``, >= -0.5
+#: ``partially_addresses``, >= -4 ``somewhat_related``. Chosen on the development sets' fit
+#: subsets (docs/calibration.md); used when the ``thresholds`` setting is unset.
+EVIDENCE_THRESHOLDS = (0.0, -0.5, -4.0)
 #: Seed 000's combination weights (reverse-question, direct, decomposition, intent).
 DEFAULT_COMBINED_WEIGHTS = (("ragas", 0.3), ("direct", 0.25), ("decomposition", 0.25), ("intent", 0.2))
 
@@ -134,6 +140,10 @@ def _as_float(value: Any) -> Any:
     return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
+def _parse_optional_float(text: str) -> Optional[float]:
+    return float(text) if text.strip() else None
+
+
 def _as_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
@@ -213,6 +223,14 @@ def _check_thresholds(name: str, value: Any) -> None:
 def _check_thresholds_optional(name: str, value: Any) -> None:
     if value is not None:
         _check_thresholds(name, value)
+
+
+def _check_prior(name: str, value: Any) -> None:
+    if value is None:
+        return
+    _check_number(0.0, 1.0)(name, value)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name} must lie strictly between 0 and 1; got {value!r}")
 
 
 def _check_calibration(name: str, value: Any) -> None:
@@ -343,6 +361,7 @@ class Settings:
     generation: str = setting("joint", "|".join(GENERATION_MODES), "", "`joint`: one chat request returns all N questions; `independent`: N requests, as RAGAS.", str, _check_choice(GENERATION_MODES), evaluator="raw", per_call=True)
     thresholds: Optional[tuple[float, float, float]] = setting(None, "3 floats", "", "Label thresholds on the reported score, descending: directly addresses / partially / somewhat related. Default: 0.5,0.3,0.15 on calibrated probabilities, seed 000's 0.8,0.6,0.4 on raw scores.", _parse_floats, _check_thresholds_optional, default_doc="auto", normalise=_as_tuple, evaluator="version", per_call=True)
     calibration: str = setting("auto", "auto | none | path", "", "Maps the method's raw score to the probability that a person judges the answer as addressing the question. `auto`: the calibration shipped for the configured method and models, when there is one; `none`: report raw scores; a path: a JSON file written by `relevancy-tracer calibrate`.", str, _check_calibration, evaluator="version", per_call=True)
+    relevancy_prior: Optional[float] = setting(None, "float in (0, 1)", "share", "The share of answers a person would judge relevant in the traffic being scored: the prior of the calibrated score, `relevancy.score = sigmoid(log LR + logit(prior))` (docs/calibration.md). Unset: the calibration's stated prior (0.8 for the shipped ones). Labels do not depend on it.", _parse_optional_float, _check_prior, default_doc="the calibration's (0.8)", normalise=_as_float, evaluator="version", per_call=True)
     combined_weights: tuple[tuple[str, float], ...] = setting(DEFAULT_COMBINED_WEIGHTS, "method=weight,...", "", "Weights of the `combined` method (seed 000: ragas 0.3, direct 0.25, decomposition 0.25, intent 0.2).", _parse_weights, _check_weights, normalise=_as_pairs, evaluator="method", per_call=True)
     max_answer_chars: int = setting(6000, "int", "characters", "Answers longer than this are truncated before scoring (recorded as `truncated`).", int, _check_number(16, integer=True), evaluator="raw", per_call=True)
     max_question_chars: int = setting(2000, "int", "characters", "Questions longer than this are truncated before scoring.", int, _check_number(16, integer=True), evaluator="raw", per_call=True)

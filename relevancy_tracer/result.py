@@ -99,8 +99,18 @@ class RelevancyResult:
         calibrated: True when ``score`` is a calibrated probability.
         evaluator_version: 12 hex digits identifying the evaluator (method, prompts, models,
             weights, calibration, thresholds); scores are comparable only within one version.
-        label, explanation: the band of ``score`` under the configured thresholds (seed 000's
-            four labels); ``None`` when not scored.
+        label, explanation: one of the four labels ``directly_addresses``,
+            ``partially_addresses``, ``somewhat_related``, ``does_not_address`` and its sentence;
+            ``None`` when not scored. With a calibration they come from the evidence (the log
+            likelihood ratio, prior-free), otherwise from ``score`` and the thresholds.
+        evidence: the calibrated score's natural-log likelihood ratio ``log P(raw | relevant) /
+            P(raw | not relevant)`` (no prior in it); ``None`` when uncalibrated or not scored.
+        prior: the prior the calibrated ``score`` assumes (the share of relevant answers in
+            the traffic, ``relevancy_prior``), in (0, 1); ``None`` when uncalibrated.
+        failure_kind: why an answer labelled below ``directly_addresses`` failed: ``echo``,
+            ``hedge``, ``evasive``, ``off_topic``, ``padded``, ``incomplete`` or ``other``
+            (:mod:`relevancy_tracer.scoring.failure`); ``None`` for a directly addressing or
+            unscored answer.
         method: the method that produced the score (``ragas``, ``direct``, ... ``combined``).
         status: ``scored`` or a named failure (:class:`Status`); ``error``: its message.
         generated_questions: the N questions reverse-generated from the answer (may be empty
@@ -129,6 +139,9 @@ class RelevancyResult:
     raw_score: Optional[float] = None
     calibrated: bool = False
     evaluator_version: Optional[str] = None
+    evidence: Optional[float] = None
+    prior: Optional[float] = None
+    failure_kind: Optional[str] = None
     generated_questions: list[str] = field(default_factory=list)
     similarities: list[float] = field(default_factory=list)
     noncommittal: list[bool] = field(default_factory=list)
@@ -154,7 +167,8 @@ class RelevancyResult:
             # A NaN/inf score is an engine bug; never let it escape.
             self.error = f"non-finite score {self.score!r} (raw {self.raw_score!r})"
             self.score = self.raw_score = None
-            self.label = self.explanation = None
+            self.label = self.explanation = self.failure_kind = None
+            self.evidence = None
             self.status = Status.INTERNAL_ERROR
 
     @property

@@ -175,9 +175,10 @@ def write_output(path, rows):
 
 
 def wait_rows_finished(server, rows):
-    """With one row at a time, each row sends one embeddings request: when row ``rows + 1``
-    sends it, the first ``rows`` rows are finished and handed to the writer."""
-    assert server.wait_for_requests("embeddings", rows + 1, timeout=60)
+    """With one row at a time, each row sends one embeddings request, and the first one more
+    (the failure kind's example sentences, embedded once per process): when row ``rows + 1``
+    sends its request, the first ``rows`` rows are finished and handed to the writer."""
+    assert server.wait_for_requests("embeddings", rows + 2, timeout=60)
 
 
 @pytest.mark.parametrize("sig,suffix", [(signal.SIGINT, ".jsonl"), (signal.SIGTERM, ".csv"), (signal.SIGTERM, ".parquet")], ids=["sigint-jsonl", "sigterm-csv", "sigterm-parquet"])

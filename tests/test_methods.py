@@ -152,7 +152,7 @@ def test_default_method_is_ragas_questions_plus_the_intent_judge(server):
     assert engine.score(Q, "France is in western Europe.").llm_calls == 2  # the intent statement is cached per question
 
 
-RAGAS_JUDGE_INTENT_COMPONENTS = {"judge", "intent", "topicality", "ragas", "answer_similarity", "novelty"}
+RAGAS_JUDGE_INTENT_COMPONENTS = {"judge", "intent", "topicality", "ragas", "answer_similarity", "novelty", "refusal_sources", "refusal_evasion"}
 
 
 def test_default_settings_pick_the_default_method(server):

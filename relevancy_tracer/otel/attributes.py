@@ -29,6 +29,12 @@ CALIBRATED = "relevancy.calibrated"
 EVALUATOR_VERSION = "relevancy.evaluator.version"
 LABEL = "relevancy.label"
 EXPLANATION = "relevancy.explanation"
+#: Why an answer labelled below directly_addresses failed: echo, hedge, evasive, off_topic,
+#: padded, incomplete, other (relevancy_tracer.scoring.failure). Also a metric attribute.
+FAILURE_KIND = "relevancy.failure_kind"
+#: The calibrated score's evidence (natural-log likelihood ratio, prior-free) and its prior.
+EVIDENCE = "relevancy.evidence"
+PRIOR = "relevancy.prior"
 STATUS = "relevancy.status"
 ERROR = "relevancy.error"
 ERROR_TYPE = "relevancy.error.type"

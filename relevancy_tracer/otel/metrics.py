@@ -6,7 +6,8 @@ Instruments (meter ``relevancy_tracer``):
   0, 0.1, ..., 1.0 (an advisory honoured by the SDK, and a View when this library installs the
   MeterProvider), so alert rules can compute means and low-score shares.
 * ``relevancy.evaluations`` (counter, ``{evaluation}``): calls by ``relevancy.status``, with
-  ``relevancy.label`` for scored ones, ``relevancy.status.reason`` for drops and skips, and
+  ``relevancy.label`` and ``relevancy.failure_kind`` (below ``directly_addresses``) for scored
+  ones, ``relevancy.status.reason`` for drops and skips, and
   ``relevancy.error.type`` for errors. Counted in process memory on the hot path and reported
   by an observable counter, so counting a call costs a dict update, not an SDK aggregation.
 * ``relevancy.evaluation.duration`` (histogram, ``s``): wall-clock time of each evaluation.
@@ -71,11 +72,12 @@ class RelevancyMetrics:
     def _renew_after_fork(self) -> None:
         self._lock = threading.Lock()
 
-    def count(self, span_name: str, status: str, label: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None, service_name: Optional[str] = None) -> None:
+    def count(self, span_name: str, status: str, label: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None, service_name: Optional[str] = None, failure_kind: Optional[str] = None) -> None:
         """Count one call with its final relevancy status (cheap: no SDK call).
 
-        ``service_name`` overrides the instance's (the scoring service counts per scored app)."""
-        key = (span_name, status, label, reason, error_type, service_name or self.service_name)
+        ``service_name`` overrides the instance's (the scoring service counts per scored app).
+        ``failure_kind``: a scored answer's (one of seven, so the counter's series stay few)."""
+        key = (span_name, status, label, reason, error_type, service_name or self.service_name, failure_kind)
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
 
@@ -95,15 +97,17 @@ class RelevancyMetrics:
 
     def counts(self) -> dict[tuple, int]:
         """A copy of the cumulative counts, keyed (span_name, status, label, reason, error_type,
-        service_name)."""
+        service_name, failure_kind)."""
         with self._lock:
             return dict(self._counts)
 
     def _observe_counts(self, _options: Any) -> Iterable[metrics.Observation]:
-        for (span_name, status, label, reason, error_type, service_name), value in self.counts().items():
+        for (span_name, status, label, reason, error_type, service_name, failure_kind), value in self.counts().items():
             attrs = {A.ATTR_SPAN_NAME: span_name, A.ATTR_SERVICE_NAME: service_name, A.STATUS: status}
             if label:
                 attrs[A.LABEL] = label
+            if failure_kind:
+                attrs[A.FAILURE_KIND] = failure_kind
             if reason:
                 attrs[A.STATUS_REASON] = reason
             if error_type:

@@ -14,7 +14,8 @@ caller knows: an error message, an error type, a reason. The same rules hold on 
   status description is the message with capture on, else the type, else the status;
 * why a call or evaluation was not scored is ``relevancy.status.reason``;
 * the ``gen_ai.evaluation.result`` event carries the evaluation id and evaluator version;
-* the ``relevancy.evaluations`` counter gets the status, label, reason and error type; the score
+* the ``relevancy.evaluations`` counter gets the status, label, failure kind, reason and error
+  type; the score
   and duration histograms every result.
 """
 
@@ -143,14 +144,15 @@ def emit_evaluator_span(
 
 
 def record_outcome(metrics: Any, span_name: str, attrs: dict[str, Any], result: Optional[RelevancyResult], *, service_name: Optional[str] = None) -> None:
-    """Count an outcome on the ``relevancy.evaluations`` counter (status, label, reason, error
-    type from ``attrs``) and record a result's score and duration.
+    """Count an outcome on the ``relevancy.evaluations`` counter (status, label, failure kind,
+    reason, error type from ``attrs``) and record a result's score and duration.
 
     ``metrics``: a :class:`~relevancy_tracer.otel.metrics.RelevancyMetrics`. service_name: the
     scored app's, when it is not the metrics' own (the service).
     """
     status = attrs[A.STATUS]
     label = result.label if result is not None and result.ok else None
-    metrics.count(span_name, status, label=label, reason=attrs.get(A.STATUS_REASON), error_type=attrs.get(A.ERROR_TYPE), service_name=service_name)
+    kind = result.failure_kind if result is not None and result.ok else None
+    metrics.count(span_name, status, label=label, reason=attrs.get(A.STATUS_REASON), error_type=attrs.get(A.ERROR_TYPE), service_name=service_name, failure_kind=kind)
     if result is not None:
         metrics.record_result(span_name, result.score if result.ok else None, result.latency_ms / 1000.0, result.method, result.evaluator_version, service_name=service_name)

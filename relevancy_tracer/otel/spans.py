@@ -103,6 +103,12 @@ def result_attributes(result: RelevancyResult, *, capture_content: bool, limit: 
         attrs[A.CALIBRATED] = bool(result.calibrated)
         attrs[A.LABEL] = result.label
         attrs[A.EXPLANATION] = result.explanation
+        if result.failure_kind:
+            attrs[A.FAILURE_KIND] = result.failure_kind
+        if result.evidence is not None:
+            attrs[A.EVIDENCE] = float(result.evidence)
+        if result.prior is not None:
+            attrs[A.PRIOR] = float(result.prior)
         if result.similarities:
             attrs[A.SIMILARITIES] = [float(s) for s in result.similarities]
         if result.noncommittal:

@@ -15,6 +15,18 @@ is an estimate of ``P(label = 1 | raw score)``:
   interpolation between the fitted blocks' mean raw scores, so scores stay strictly ordered
   wherever the fit increases.
 
+**The prior.** A map fitted on labelled rows carries their share of relevant answers (its *base
+rate*) into every probability. Production traffic has its own share, mostly relevant answers.
+So a calibration separates the two (Saerens, Latinne and Decaestecker 2002, "Adjusting the
+outputs of a classifier to new a priori probabilities"; Elkan 2001, "The foundations of
+cost-sensitive learning", theorem 2):
+
+* the **evidence**: ``log LR(raw) = logit(map(raw)) - logit(base_rate)``, the log likelihood
+  ratio ``log P(raw | relevant) / P(raw | not relevant)``, which no prior enters. A
+  class-balanced fit (``balanced=True``: each class weighs half) has ``base_rate = 0.5``;
+* the **prior** ``pi``, the share of relevant answers in the traffic being scored: the reported
+  probability is ``sigmoid(log LR(raw) + logit(pi))`` (:meth:`Calibration.apply`).
+
 A calibration is a small JSON document (``to_json``/``from_json``) that records what it was
 fitted for (method, models, fingerprint of the evaluator) and the data it was fitted on, so it can
 ship inside the package and be written by ``relevancy-tracer calibrate``.
@@ -50,6 +62,12 @@ class Calibration:
         models: ``[llm, embedding model]`` names the raw scores came from.
         fitted_on: free-form provenance (data sets, row counts, label definition).
         metrics: measures of the fit (cross-validated ECE, AUROC, ...), informative only.
+        base_rate: the share of relevant answers the map's probabilities assume, in (0, 1):
+            0.5 for a class-balanced fit; for a file without it, ``fitted_on``'s
+            ``positives / rows`` (the fit rows' share), else no prior shift is possible.
+        prior: the production prior this calibration states, in (0, 1) (the share of relevant
+            answers in the traffic it is meant for), with its source in ``fitted_on``; used
+            when the ``relevancy_prior`` setting is unset. None: the base rate.
     """
 
     kind: str
@@ -58,8 +76,18 @@ class Calibration:
     models: tuple[str, ...] = ()
     fitted_on: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    base_rate: Optional[float] = None
+    prior: Optional[float] = None
 
     def __post_init__(self) -> None:
+        if self.base_rate is None and self.fitted_on.get("rows") and self.fitted_on.get("positives") is not None:
+            rows, positives = int(self.fitted_on["rows"]), int(self.fitted_on["positives"])
+            if 0 < positives < rows:
+                object.__setattr__(self, "base_rate", positives / rows)
+        for name in ("base_rate", "prior"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
+                raise ValueError(f"calibration {name} must lie strictly between 0 and 1; got {value!r}")
         if self.kind not in CALIBRATION_KINDS:
             raise ValueError(f"calibration kind must be one of {', '.join(CALIBRATION_KINDS)}; got {self.kind!r}")
         if self.kind == "platt":
@@ -75,17 +103,38 @@ class Calibration:
             if not all(0.0 <= v <= 1.0 for v in y):
                 raise ValueError("isotonic calibration y values must lie in [0, 1]")
 
-    def __call__(self, raw: float) -> float:
-        """The probability (0..1) for one raw score."""
-        return float(self.apply(np.asarray([raw], dtype=np.float64))[0])
+    def __call__(self, raw: float, prior: Optional[float] = None) -> float:
+        """The probability (0..1) for one raw score under ``prior`` (see :meth:`apply`)."""
+        return float(self.apply(np.asarray([raw], dtype=np.float64), prior)[0])
 
-    def apply(self, raw: Any) -> np.ndarray:
-        """Probabilities for an array of raw scores (same shape, float64, in [0, 1])."""
-        values = np.asarray(raw, dtype=np.float64)
+    def _base_logit(self, values: np.ndarray) -> np.ndarray:
+        """logit of the map's own probability (at its base rate), clipped to +-36."""
         if self.kind == "platt":
             z = self.params["a"] * values + self.params["b"]
-            return 1.0 / (1.0 + np.exp(-np.clip(z, -500.0, 500.0)))
-        return np.interp(values, np.asarray(self.params["x"]), np.asarray(self.params["y"]))
+        else:
+            p = np.clip(np.interp(values, np.asarray(self.params["x"]), np.asarray(self.params["y"])), 1e-12, 1 - 1e-12)
+            z = np.log(p) - np.log1p(-p)
+        return np.clip(z, -36.0, 36.0)
+
+    def evidence(self, raw: Any) -> np.ndarray:
+        """The log likelihood ratio ``log P(raw | relevant) / P(raw | not relevant)`` (natural
+        log, same shape as ``raw``): the map's logit less its base rate's. Prior-free: the labels
+        are read from it. Without a base rate (an old file without row counts) the map's logit."""
+        z = self._base_logit(np.asarray(raw, dtype=np.float64))
+        return z - _logit(self.base_rate) if self.base_rate is not None else z
+
+    def apply(self, raw: Any, prior: Optional[float] = None) -> np.ndarray:
+        """Probabilities for an array of raw scores (same shape, float64, in [0, 1]):
+        ``sigmoid(evidence(raw) + logit(prior))``.
+
+        ``prior``: the share of relevant answers in the scored traffic, in (0, 1); None: the
+        calibration's stated :attr:`prior`, else its base rate (the map as fitted)."""
+        values = np.asarray(raw, dtype=np.float64)
+        prior = prior if prior is not None else self.prior
+        z = self._base_logit(values)
+        if prior is not None and self.base_rate is not None:
+            z = z - _logit(self.base_rate) + _logit(prior)
+        return 1.0 / (1.0 + np.exp(-z))
 
     # ------------------------------------------------------------------ persistence
 
@@ -96,6 +145,12 @@ class Calibration:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    def effective_prior(self, prior: Optional[float] = None) -> Optional[float]:
+        """The prior :meth:`apply` uses for ``prior`` (None when no shift applies)."""
+        if self.base_rate is None:
+            return None
+        return prior if prior is not None else (self.prior if self.prior is not None else self.base_rate)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Calibration":
@@ -109,6 +164,8 @@ class Calibration:
             models=tuple(data.get("models", ())),
             fitted_on=dict(data.get("fitted_on", {})),
             metrics=dict(data.get("metrics", {})),
+            base_rate=data.get("base_rate"),
+            prior=data.get("prior"),
         )
 
     @classmethod
@@ -118,17 +175,23 @@ class Calibration:
 
     def fingerprint(self) -> str:
         """A canonical string of the map itself (kind and parameters), for evaluator versions."""
-        return json.dumps({"kind": self.kind, "params": self.params}, sort_keys=True, separators=(",", ":"))
+        return json.dumps({"kind": self.kind, "params": self.params, "base_rate": self.base_rate}, sort_keys=True, separators=(",", ":"))
+
+
+def _logit(p: float) -> float:
+    return math.log(p) - math.log1p(-p)
 
 
 # ---------------------------------------------------------------------------------- fitting
 
 
-def fit_platt(raw: Sequence[float], labels: Sequence[int], *, iterations: int = 100) -> dict[str, float]:
+def fit_platt(raw: Sequence[float], labels: Sequence[int], *, iterations: int = 100, balanced: bool = False) -> dict[str, float]:
     """Platt scaling: ``(a, b)`` maximising the likelihood of ``sigmoid(a * raw + b)``.
 
     Uses Platt's smoothed targets (robust for separable or tiny sets) and Newton's method with a
-    small ridge term; raises ValueError when both classes are not present.
+    small ridge term; raises ValueError when both classes are not present. ``balanced``: each
+    class weighs half of the likelihood whatever its count, so ``sigmoid(a * raw + b)`` is the
+    probability at a base rate of 0.5 and ``a * raw + b`` the log likelihood ratio.
     """
     x = np.asarray(raw, dtype=np.float64)
     y = np.asarray(labels, dtype=np.float64)
@@ -136,12 +199,13 @@ def fit_platt(raw: Sequence[float], labels: Sequence[int], *, iterations: int = 
     if positives == 0 or negatives == 0:
         raise ValueError("calibration needs labels of both classes (0 and 1)")
     target = np.where(y > 0.5, (positives + 1.0) / (positives + 2.0), 1.0 / (negatives + 2.0))
+    weight = np.where(y > 0.5, len(y) / (2.0 * positives), len(y) / (2.0 * negatives)) if balanced else np.ones_like(y)
     design = np.stack([x, np.ones_like(x)], axis=1)
-    theta = np.array([0.0, math.log((negatives + 1.0) / (positives + 1.0)) * -1.0])
+    theta = np.array([0.0, 0.0 if balanced else math.log((negatives + 1.0) / (positives + 1.0)) * -1.0])
     for _ in range(iterations):
         p = 1.0 / (1.0 + np.exp(-np.clip(design @ theta, -500, 500)))
-        gradient = design.T @ (p - target)
-        weights = p * (1.0 - p)
+        gradient = design.T @ (weight * (p - target))
+        weights = weight * p * (1.0 - p)
         hessian = design.T @ (design * weights[:, None]) + 1e-9 * np.eye(2)
         step = np.linalg.solve(hessian, gradient)
         theta = theta - step
@@ -172,17 +236,27 @@ def fit_isotonic(raw: Sequence[float], labels: Sequence[int]) -> dict[str, list[
     return {"x": [b[0] / b[2] for b in blocks], "y": [min(1.0, max(0.0, b[1] / b[2])) for b in blocks], "n": [int(b[2]) for b in blocks]}
 
 
-def fit_calibration(raw: Sequence[float], labels: Sequence[int], kind: str = "platt", **provenance: Any) -> Calibration:
+def fit_calibration(raw: Sequence[float], labels: Sequence[int], kind: str = "platt", *, balanced: bool = False, prior: Optional[float] = None, **provenance: Any) -> Calibration:
     """Fit a :class:`Calibration` of ``kind`` (``platt`` or ``isotonic``) on raw scores and 0/1
-    labels; ``provenance`` fills the other fields (method, models, fitted_on, metrics)."""
+    labels; ``provenance`` fills the other fields (method, models, fitted_on, metrics).
+
+    ``balanced`` (Platt only): a class-balanced fit (base rate 0.5: the map is the evidence);
+    otherwise the base rate is the rows' share of label 1. ``prior``: the stated production
+    prior in (0, 1) recorded in the calibration (None: the base rate applies).
+    Raises ValueError for an unknown kind, one class only, or ``balanced`` with isotonic."""
+    y = np.asarray(labels, dtype=np.float64)
     if kind == "platt":
-        params: dict[str, Any] = fit_platt(raw, labels)
+        params: dict[str, Any] = fit_platt(raw, labels, balanced=balanced)
     elif kind == "isotonic":
+        if balanced:
+            raise ValueError("a class-balanced fit is available for platt calibrations only")
         params = fit_isotonic(raw, labels)
     else:
         raise ValueError(f"calibration kind must be one of {', '.join(CALIBRATION_KINDS)}; got {kind!r}")
+    share = float(y.mean()) if y.size else 0.5
+    base_rate = 0.5 if balanced else (share if 0.0 < share < 1.0 else None)
     models = tuple(provenance.pop("models", ()))
-    return Calibration(kind=kind, params=params, models=models, **provenance)
+    return Calibration(kind=kind, params=params, models=models, base_rate=base_rate, prior=prior, **provenance)
 
 
 def fit_evaluator_calibration(
@@ -196,6 +270,8 @@ def fit_evaluator_calibration(
     source: str,
     folds: int = 5,
     groups: Optional[Sequence[Any]] = None,
+    balanced: bool = False,
+    prior: Optional[float] = None,
     **fitted_on: Any,
 ) -> tuple[Calibration, np.ndarray]:
     """Fit the calibration of one evaluator from its labelled raw scores, with its provenance and
@@ -209,22 +285,31 @@ def fit_evaluator_calibration(
             (``Engine.raw_fingerprint``): the calibration applies only to that evaluator.
         source: where the rows came from (a file name, a data set). folds: cross-validation
             folds (>= 2). groups: rows sharing a group (a question) stay in one fold.
+        balanced: a class-balanced Platt fit (the map is the evidence, base rate 0.5).
+        prior: the production prior the calibration states (default: the rows' share of
+            label 1 when ``balanced``, so scores hold for traffic like the rows).
         fitted_on: more provenance recorded under ``fitted_on`` (e.g. ``label_column``).
 
     Returns:
         (the calibration, whose ``metrics`` hold the raw score's AUROC, the cross-validated
-        expected calibration error and ``folds``; the cross-validated probabilities, shape (n,)).
+        expected calibration error (at the rows' own share of label 1) and ``folds``; the
+        cross-validated probabilities, shape (n,)).
 
     Raises:
         ValueError: an unknown ``kind``.
     """
     x = np.asarray(raw, dtype=np.float64)
     y = np.asarray(labels, dtype=np.int64)
-    cv = cross_validated(x, y, kind, folds=folds, groups=groups)
+    share = float(y.mean())
+    if balanced and prior is None and 0.0 < share < 1.0:
+        prior = share
+    cv = cross_validated(x, y, kind, folds=folds, groups=groups, balanced=balanced)
     calibration = fit_calibration(
         x,
         y,
         kind,
+        balanced=balanced,
+        prior=prior,
         method=method,
         models=tuple(models),
         fitted_on={"raw_fingerprint": raw_fingerprint, "source": source, "rows": int(len(x)), "positives": int(y.sum()), **fitted_on},
@@ -233,9 +318,10 @@ def fit_evaluator_calibration(
     return calibration, cv
 
 
-def cross_validated(raw: Sequence[float], labels: Sequence[int], kind: str = "platt", folds: int = 5, seed: int = 0, groups: Optional[Sequence[Any]] = None) -> np.ndarray:
+def cross_validated(raw: Sequence[float], labels: Sequence[int], kind: str = "platt", folds: int = 5, seed: int = 0, groups: Optional[Sequence[Any]] = None, balanced: bool = False) -> np.ndarray:
     """Out-of-fold calibrated probabilities: each row is mapped by a calibration fitted without
-    its fold (stratified by label; rows sharing a ``group``, e.g. a question, stay together)."""
+    its fold (stratified by label; rows sharing a ``group``, e.g. a question, stay together).
+    ``balanced``: class-balanced fits, applied at the training fold's own share of label 1."""
     x = np.asarray(raw, dtype=np.float64)
     y = np.asarray(labels, dtype=np.int64)
     rng = np.random.default_rng(seed)
@@ -258,7 +344,8 @@ def cross_validated(raw: Sequence[float], labels: Sequence[int], kind: str = "pl
         if not test.any():
             continue
         train = ~test
-        out[test] = fit_calibration(x[train], y[train], kind).apply(x[test])
+        fitted = fit_calibration(x[train], y[train], kind, balanced=balanced)
+        out[test] = fitted.apply(x[test], float(y[train].mean()) if balanced else None)
     return out
 
 
@@ -286,25 +373,41 @@ def auroc(scores: Sequence[float], labels: Sequence[int]) -> float:
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def reliability_table(probabilities: Sequence[float], labels: Sequence[int], bins: int = 10) -> list[dict[str, float]]:
+def reliability_table(probabilities: Sequence[float], labels: Sequence[int], bins: int = 10, weights: Optional[Sequence[float]] = None) -> list[dict[str, float]]:
     """Equal-width bins over [0, 1]: for each non-empty bin its range, count, mean predicted
-    probability and observed share of label 1."""
+    probability and observed share of label 1. ``weights`` (non-negative, one per row): a
+    weighted population, e.g. rows re-weighted to a prior (:func:`prior_weights`); ``weight``
+    is then each bin's share of the total weight."""
     p = np.clip(np.asarray(probabilities, dtype=np.float64), 0.0, 1.0)
     y = np.asarray(labels, dtype=np.float64)
+    w = np.ones_like(p) if weights is None else np.asarray(weights, dtype=np.float64)
     index = np.minimum((p * bins).astype(int), bins - 1)
+    total = float(w.sum())
     table = []
     for b in range(bins):
         mask = index == b
-        if mask.any():
-            table.append({"low": b / bins, "high": (b + 1) / bins, "count": int(mask.sum()), "mean_probability": float(p[mask].mean()), "observed": float(y[mask].mean())})
+        if mask.any() and w[mask].sum() > 0:
+            wm = w[mask]
+            table.append({"low": b / bins, "high": (b + 1) / bins, "count": int(mask.sum()), "weight": float(wm.sum() / total), "mean_probability": float((wm * p[mask]).sum() / wm.sum()), "observed": float((wm * y[mask]).sum() / wm.sum())})
     return table
 
 
-def expected_calibration_error(probabilities: Sequence[float], labels: Sequence[int], bins: int = 10) -> float:
-    """ECE: count-weighted mean |observed share - mean probability| over equal-width bins."""
-    table = reliability_table(probabilities, labels, bins)
-    total = sum(row["count"] for row in table)
-    return float(sum(row["count"] * abs(row["observed"] - row["mean_probability"]) for row in table) / total) if total else float("nan")
+def expected_calibration_error(probabilities: Sequence[float], labels: Sequence[int], bins: int = 10, weights: Optional[Sequence[float]] = None) -> float:
+    """ECE: the (weight- or count-) weighted mean |observed share - mean probability| over
+    equal-width bins (Naeini et al. 2015)."""
+    table = reliability_table(probabilities, labels, bins, weights)
+    return float(sum(row["weight"] * abs(row["observed"] - row["mean_probability"]) for row in table)) if table else float("nan")
+
+
+def prior_weights(labels: Sequence[int], prior: float) -> np.ndarray:
+    """Row weights that give label 1 the share ``prior`` of the total (each class's rows
+    equally): the rows re-weighted to a production prior. Raises ValueError without both
+    classes."""
+    y = np.asarray(labels, dtype=bool)
+    positives, negatives = int(y.sum()), int((~y).sum())
+    if positives == 0 or negatives == 0:
+        raise ValueError("prior weights need both classes")
+    return np.where(y, prior / positives, (1.0 - prior) / negatives)
 
 
 def balanced_accuracy(predicted: Sequence[bool], labels: Sequence[int]) -> float:

@@ -22,7 +22,8 @@ from .backends import build_models
 from ..models.base import Models
 from ..result import EvaluationError, RelevancyResult, Status, Usage, label_for
 from .calibration import Calibration
-from .evaluator import evaluator_version, identity_key, raw_fingerprint, resolve_calibration, thresholds_for
+from . import failure
+from .evaluator import evaluator_version, identity_key, labels_on_evidence, raw_fingerprint, resolve_calibration, thresholds_for
 from .methods import METHODS, EvalContext, StepCache, failure_of
 
 logger = logging.getLogger("relevancy_tracer")
@@ -70,6 +71,46 @@ def prepare_inputs(question: Any, answer: Any, contexts: Any, settings: Settings
         except TypeError:
             context_list = [str(contexts)]
     return question, answer, context_list, truncated
+
+
+def interpret(
+    raw: float,
+    calibration: Optional[Calibration],
+    thresholds: tuple[float, ...],
+    on_evidence: bool,
+    prior: Optional[float],
+    components: dict[str, float],
+    similarities: list[float],
+    noncommittal: list[bool],
+) -> tuple[float, Optional[float], Optional[float], str, str, Optional[str]]:
+    """What a raw score says: ``(score, evidence, prior, label, explanation, failure_kind)``.
+
+    ``score``: the calibrated probability under ``prior`` (the calibration's stated prior when
+    None), else ``raw``, clipped to [0, 1]. ``evidence``: the calibration's log likelihood ratio
+    (None uncalibrated). The label is read from the evidence when ``on_evidence`` (so it does
+    not move with the prior), else from the score; an answer below ``directly_addresses`` gets
+    its :func:`~.failure.failure_kind` (named in the explanation unless ``other``), and one of
+    the kinds that do not address the question (:data:`~.failure.NOT_ADDRESSING`) is labelled
+    ``does_not_address`` when on evidence.
+    """
+    evidence = used_prior = None
+    if calibration is not None:
+        used_prior = calibration.effective_prior(prior)
+        evidence = float(calibration.evidence(raw))
+        score = min(1.0, max(0.0, float(calibration(raw, prior))))
+    else:
+        # an uncalibrated cosine mean can be negative; OpenTelemetry histograms reject negative
+        # amounts, so the reported score is clipped (raw keeps its sign)
+        score = min(1.0, max(0.0, raw))
+    label, explanation = label_for(evidence if on_evidence and evidence is not None else score, thresholds)
+    kind = None
+    if label != "directly_addresses":
+        kind = failure.failure_kind(components, similarities, noncommittal)
+        if on_evidence and kind in failure.NOT_ADDRESSING:
+            label, explanation = label_for(float("-inf"), thresholds)
+        if kind != "other":
+            explanation = f"{explanation}: {failure.EXPLANATIONS[kind]}"
+    return score, evidence, used_prior, label, explanation, kind
 
 
 def _renew_engine_lock(engine: "Engine") -> None:
@@ -120,7 +161,8 @@ class Engine:
             raw = raw_fingerprint(settings, llm_name, embedding_name, decoding)
             calibration = resolve_calibration(settings.calibration, raw, settings.method)
             thresholds = thresholds_for(settings, calibration is not None)
-            found = (calibration, thresholds, evaluator_version(raw, calibration, thresholds))
+            prior = calibration.effective_prior(settings.relevancy_prior) if calibration is not None else None
+            found = (calibration, thresholds, evaluator_version(raw, calibration, thresholds, prior))
             if len(self._identities) > 256:
                 self._identities.clear()
             self._identities[key] = found
@@ -195,10 +237,8 @@ class Engine:
                 output = await method.score(context)
             raw = float(output.score)
             calibration, thresholds, version = self.identity(settings, models)
-            # the reported score is always in [0, 1] (an uncalibrated cosine mean can be
-            # negative, and OpenTelemetry histograms reject negative amounts); raw keeps its sign
-            reported = min(1.0, max(0.0, float(calibration(raw)) if calibration is not None else raw))
-            label, explanation = label_for(reported, thresholds)
+            on_evidence = labels_on_evidence(settings, calibration is not None)
+            reported, evidence, prior, label, explanation, kind = interpret(raw, calibration, thresholds, on_evidence, settings.relevancy_prior, output.components, output.similarities, output.noncommittal)
             result = RelevancyResult(
                 score=reported,
                 raw_score=raw,
@@ -206,6 +246,9 @@ class Engine:
                 evaluator_version=version,
                 label=label,
                 explanation=explanation,
+                evidence=evidence,
+                prior=prior,
+                failure_kind=kind,
                 status=Status.SCORED,
                 method=settings.method,
                 generated_questions=output.generated_questions,

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .._background import fork as _fork
-from ..config import DEFAULT_THRESHOLDS, EVALUATOR_FIELDS, PROBABILITY_THRESHOLDS, RAW_FINGERPRINT_FIELDS, Settings
-from . import prompts
+from ..config import DEFAULT_THRESHOLDS, EVALUATOR_FIELDS, EVIDENCE_THRESHOLDS, PROBABILITY_THRESHOLDS, RAW_FINGERPRINT_FIELDS, Settings
+from . import failure, prompts
 from .calibration import Calibration
 from .methods import METHODS
 
@@ -65,15 +65,24 @@ def identity_key(settings: Settings, llm_name: str, embedding_name: Optional[str
 
 
 def thresholds_for(settings: Settings, calibrated: bool) -> tuple[float, float, float]:
-    """The label thresholds in use: the setting, else the default for (un)calibrated scores."""
+    """The label thresholds in use: the setting (on the reported score), else
+    :data:`~relevancy_tracer.config.EVIDENCE_THRESHOLDS` on a calibrated score's evidence, else
+    seed 000's on the raw score (see :func:`labels_on_evidence`)."""
     if settings.thresholds is not None:
         return tuple(settings.thresholds)  # type: ignore[return-value]
-    return PROBABILITY_THRESHOLDS if calibrated else DEFAULT_THRESHOLDS
+    return EVIDENCE_THRESHOLDS if calibrated else DEFAULT_THRESHOLDS
 
 
-def evaluator_version(raw: str, calibration: Optional[Calibration], thresholds: tuple[float, ...]) -> str:
-    """12 hex digits identifying the evaluator: raw fingerprint, calibration map, thresholds."""
-    return _sha({"raw": raw, "calibration": calibration.fingerprint() if calibration else None, "thresholds": list(thresholds)})[:12]
+def labels_on_evidence(settings: Settings, calibrated: bool) -> bool:
+    """True when labels are read from the evidence (calibrated, no ``thresholds`` setting):
+    they then stay the same under any ``relevancy_prior``."""
+    return calibrated and settings.thresholds is None
+
+
+def evaluator_version(raw: str, calibration: Optional[Calibration], thresholds: tuple[float, ...], prior: Optional[float] = None) -> str:
+    """12 hex digits identifying the evaluator: raw fingerprint, calibration map and the prior
+    it is applied under, label thresholds, failure-kind rules."""
+    return _sha({"raw": raw, "calibration": calibration.fingerprint() if calibration else None, "prior": prior, "thresholds": list(thresholds), "failure": failure.fingerprint()})[:12]
 
 
 @lru_cache(maxsize=64)

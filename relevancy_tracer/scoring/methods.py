@@ -52,7 +52,7 @@ from .._background import fork as _fork
 from ..config import Settings
 from ..models.base import ModelError, Models
 from ..result import EvaluationError, Status, Usage
-from . import prompts, restatement
+from . import failure, prompts, restatement
 from .parsing import CutJSON, ReplyError, ask_json, judged_score, read_flag, read_number
 
 QUESTION_TOKENS = 48  # max output tokens budgeted per generated question (plus JSON overhead)
@@ -299,19 +299,19 @@ def _questions(ctx: EvalContext) -> "asyncio.Future[tuple[list[str], list[bool]]
     return ctx.once("questions", lambda: generate_questions(ctx))
 
 
-async def embedding_similarities(ctx: EvalContext, generated: list[str]) -> np.ndarray:
-    """Cosine similarity of each text in ``generated`` (generated questions, or the answer) to
-    the original question: ONE embeddings request.
+async def embedding_units(ctx: EvalContext, texts: list[str]) -> np.ndarray:
+    """Unit-length embeddings of ``texts``, shape (len(texts), d): ONE embeddings request.
 
-    Raises EvaluationError(``embedding_error``) for a wrong vector count, or a zero or NaN vector.
+    Raises EvaluationError(``embedding_error``) for no embedder, a wrong vector count, or a
+    zero or NaN vector.
     """
     embedder = ctx.models.embedder
     if embedder is None:
         raise EvaluationError(Status.EMBEDDING_ERROR, "no embedding model configured")
-    reply = await embedder.embed([ctx.question] + list(generated))
+    reply = await embedder.embed(list(texts))
     ctx.usage.add(embedding_calls=1)
     vectors = np.asarray(reply.vectors, dtype=np.float32)
-    expected = len(generated) + 1
+    expected = len(texts)
     if vectors.ndim != 2 or vectors.shape[0] != expected:
         raise EvaluationError(Status.EMBEDDING_ERROR, f"embeddings reply has {vectors.shape[0] if vectors.ndim else 0} vector(s); {expected} were sent")
     if not np.all(np.isfinite(vectors)):
@@ -319,8 +319,39 @@ async def embedding_similarities(ctx: EvalContext, generated: list[str]) -> np.n
     norms = np.linalg.norm(vectors, axis=1)
     if np.any(norms < 1e-12):
         raise EvaluationError(Status.EMBEDDING_ERROR, "embeddings reply holds a zero vector")
-    unit = vectors / norms[:, None]
+    return vectors / norms[:, None]
+
+
+async def embedding_similarities(ctx: EvalContext, generated: list[str]) -> np.ndarray:
+    """Cosine similarity of each text in ``generated`` (generated questions, or the answer) to
+    the original question: ONE embeddings request.
+
+    Raises EvaluationError(``embedding_error``) for a wrong vector count, or a zero or NaN vector.
+    """
+    unit = await embedding_units(ctx, [ctx.question] + list(generated))
     return np.clip(unit[1:] @ unit[0], -1.0, 1.0)
+
+
+#: Unit embeddings of the failure-kind example sentences, per embedder name (a few embedders
+#: per process at most; computed once each, on first use).
+_EXAMPLE_UNITS: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+async def refusal_similarities(ctx: EvalContext, answer_unit: np.ndarray) -> dict[str, float]:
+    """``refusal_sources`` and ``refusal_evasion``: the largest cosine similarity of the answer's
+    unit embedding to :data:`~.failure.SOURCE_REFUSALS` and to :data:`~.failure.EVASIONS`
+    (read by :func:`~.failure.failure_kind`; not part of any score). The examples are embedded
+    once per embedder and process (one extra embeddings request, the first time)."""
+    name = getattr(ctx.models.embedder, "name", "")
+    examples = _EXAMPLE_UNITS.get(name)
+    if examples is None:
+        units = await embedding_units(ctx, list(failure.SOURCE_REFUSALS) + list(failure.EVASIONS))
+        k = len(failure.SOURCE_REFUSALS)
+        examples = (units[:k], units[k:])
+        if len(_EXAMPLE_UNITS) < 16:
+            _EXAMPLE_UNITS[name] = examples
+    sources, evasions = examples
+    return {"refusal_sources": float(np.max(sources @ answer_unit)), "refusal_evasion": float(np.max(evasions @ answer_unit))}
 
 
 def apply_noncommittal(similarities: np.ndarray, noncommittal: list[bool], rule: str) -> float:
@@ -580,16 +611,20 @@ async def ragas_judge_intent(ctx: EvalContext) -> MethodOutput:
     A judge that fails (e.g. an unreadable reply) leaves the other's weight alone
     (``failed_components``); the evaluation fails only when both do or the questions do.
 
-    Components: ``judge``, ``intent``, ``ragas``, ``answer_similarity``, ``novelty`` and
-    ``topicality`` (:func:`ragas_judge_intent_topical`, before the cap)."""
+    Components: ``judge``, ``intent``, ``ragas``, ``answer_similarity``, ``novelty``,
+    ``topicality`` (:func:`ragas_judge_intent_topical`, before the cap), and
+    ``refusal_sources`` / ``refusal_evasion`` (:func:`refusal_similarities`, read by the failure
+    kind only)."""
     judged, fulfilled = await asyncio.gather(judge_after_questions(ctx), intent(ctx), return_exceptions=True)
     for outcome in (judged, fulfilled):
         if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
             raise outcome  # cancellation and exits propagate
     questions, flags = await _questions(ctx)  # done: the judge continued its conversation
-    sims = await embedding_similarities(ctx, list(questions) + [ctx.answer])
+    units = await embedding_units(ctx, [ctx.question] + list(questions) + [ctx.answer])
+    sims = np.clip(units[1:] @ units[0], -1.0, 1.0)
     k = len(questions)
     question_sims, answer_sim = sims[:k], float(sims[k])
+    refusals = await refusal_similarities(ctx, units[-1])
     ragas_score = apply_noncommittal(question_sims, flags, ctx.settings.noncommittal)
     new = restatement.novelty(ctx.question, ctx.answer)
     judges: dict[str, float] = {}
@@ -612,6 +647,7 @@ async def ragas_judge_intent(ctx: EvalContext) -> MethodOutput:
             "ragas": ragas_score,
             "answer_similarity": answer_sim,
             "novelty": new,
+            **refusals,
         },
         failed_components=failed,
         intent=None if isinstance(fulfilled, BaseException) else fulfilled.intent,
