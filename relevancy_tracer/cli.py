@@ -40,6 +40,9 @@ OUTPUT_FIELDS = (
     "evaluator_version",
     "label",
     "explanation",
+    "failure_kind",
+    "evidence",
+    "prior",
     "method",
     "components",
     "failed_components",
@@ -80,6 +83,7 @@ def summarise(results: Sequence[RelevancyResult], unfinished: int = 0) -> dict:
         for q in (10, 25, 50, 75, 90):
             summary[f"p{q}"] = round(float(np.percentile(scores, q)), 4)
     summary["labels"] = dict(Counter(r.label for r in results if r.ok))
+    summary["failure_kinds"] = dict(Counter(r.failure_kind for r in results if r.ok and r.failure_kind))
     summary["failures"] = dict(Counter(r.status for r in results if not r.ok))
     if unfinished:
         summary["not_scored_interrupted"] = unfinished
@@ -312,6 +316,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .scoring.calibration import balanced_accuracy, expected_calibration_error, fit_evaluator_calibration, reliability_table
     from .scoring.evaluator import thresholds_for
 
+    if args.prior is not None and not 0.0 < args.prior < 1.0:
+        print(f"relevancy-tracer: error: --prior must lie strictly between 0 and 1; got {args.prior}", file=sys.stderr)
+        return 2
     settings = _settings_from(args).replace(calibration="none")
     engine = Engine(settings)
     mapping = ColumnMapping(question=args.question_column, answer=args.answer_column, contexts=args.contexts_column)
@@ -399,17 +406,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         source=os.path.basename(args.input),
         folds=folds,
         groups=questions,
+        balanced=args.kind == "platt",
+        prior=args.prior,
         label_column=args.label_column,
         raw_scores=f"column {args.raw_column}" if args.raw_column else "scored by this command",
     )
-    fitted = calibration.apply(raw)
+    fitted = calibration.apply(raw, float(labels.mean()))
     thresholds = thresholds_for(settings, True)
-    decision = fitted >= thresholds[0]
+    decision = (calibration.evidence(raw) if settings.thresholds is None else fitted) >= thresholds[0]
     table = reliability_table(cv, labels)
     print(f"calibration ({args.kind}) on {len(raw)} rows ({int(labels.sum())} relevant), method {settings.method}, models {calibration.models[0]} + {calibration.models[1]}")
     print(f"AUROC of the raw score: {calibration.metrics['auroc']:.3f}")
     print(f"expected calibration error: {calibration.metrics['ece_cross_validated']:.3f} ({folds}-fold cross-validated), {expected_calibration_error(fitted, labels):.3f} in sample")
-    print(f"label 'directly_addresses' (probability >= {thresholds[0]}): balanced accuracy {balanced_accuracy(decision, labels):.3f} in sample")
+    on = f"log likelihood ratio >= {thresholds[0]}" if settings.thresholds is None else f"probability >= {thresholds[0]}"
+    print(f"label 'directly_addresses' ({on}): balanced accuracy {balanced_accuracy(decision, labels):.3f} in sample")
+    if calibration.prior is not None:
+        print(f"prior: {calibration.prior:.3f} (the share of relevant answers the scores assume{': these rows' if args.prior is None else ''}; override with relevancy_prior)")
     print("\nreliability (cross-validated probabilities):")
     print(f"{'bin':>11}  {'rows':>5}  {'mean probability':>16}  {'observed relevant':>17}")
     for row in table:
@@ -552,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("-o", "--output", required=True, help="calibration JSON file to write")
     calibrate.add_argument("--label-column", default="label", help="column or dotted path of the 0/1 label (1: the answer addresses the question)")
     calibrate.add_argument("--raw-column", help="use raw scores from this column instead of scoring the rows (e.g. raw_score of a `score` output made with the same settings)")
-    calibrate.add_argument("--kind", choices=("platt", "isotonic"), default="platt", help="Platt scaling (default) or isotonic regression")
+    calibrate.add_argument("--kind", choices=("platt", "isotonic"), default="platt", help="Platt scaling (default; class-balanced, so the map is the evidence and the prior is stated apart) or isotonic regression")
+    calibrate.add_argument("--prior", type=float, default=None, help="the share of relevant answers in the traffic the scores are for, in (0, 1) (default: these rows' share, right when they are a random sample of it)")
     calibrate.add_argument("--folds", type=int, default=5, help="folds of the cross-validated calibration error")
     calibrate.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: from the file name)")
     calibrate.add_argument("--question-column", help="column or dotted path of the question")

@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -50,18 +51,29 @@ class ResultTable:
         self.done = threading.Condition(self.lock)
 
     def header(self) -> None:
-        print(f"{'score':>6}  {'label':<20}  {'question':<48}  answer", flush=True)
+        print(f"{'score':>6}  {'label':<20}  {'why':<10}  {'question':<48}  answer", flush=True)
         print("-" * 120, flush=True)
 
     def __call__(self, outcome: Any) -> None:
         result = outcome.result
         score = f"{result.score:6.3f}" if result is not None and result.ok else f"{'-':>6}"
         label = result.label if result is not None and result.ok else outcome.status
+        why = (result.failure_kind or "") if result is not None and result.ok else ""
         answer = self.answers.get(outcome.question, "")
         with self.done:
-            print(f"{score}  {label:<20}  {_short(outcome.question, 48):<48}  {_short(answer, 60)}", flush=True)
+            print(f"{score}  {label:<20}  {why:<10}  {_short(outcome.question, 48):<48}  {_short(answer, 60)}", flush=True)
             self.outcomes.append(outcome)
             self.done.notify_all()
+
+
+    def summary(self) -> str:
+        """One line: how many answers got each label, and the failure kinds of the others."""
+        scored = [o.result for o in self.outcomes if o.status == "scored" and o.result is not None]
+        labels = Counter(r.label for r in scored)
+        kinds = Counter(r.failure_kind for r in scored if r.failure_kind)
+        parts = [f"{n} {label}" for label, n in sorted(labels.items(), key=lambda item: -item[1])]
+        why = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items(), key=lambda item: -item[1]))
+        return "Labels: " + ", ".join(parts) + (f" (why: {why})" if why else "") + "."
 
 
 class _Terminated(BaseException):
@@ -146,6 +158,8 @@ def _demo(args: argparse.Namespace, started: list) -> int:
     elapsed = time.monotonic() - began
     scored = [o for o in table.outcomes if o.status == "scored"]
     print(f"\n{len(scored)} of {len(questions)} answers scored in {elapsed:.0f} s{'' if finished else ' (some evaluations did not finish)'}.", flush=True)
+    if scored:
+        print(table.summary(), flush=True)
     ok = len(scored) == len(questions)
     if server is not None:
         # Only this run's traces count: a reused Phoenix (or working dir) keeps earlier runs' spans.

@@ -36,8 +36,8 @@ ANNOTATION_NAME = "answer_relevancy"
 def annotation_for(result: RelevancyResult, span_id: str, identifier: str, *, capture_content: bool) -> Optional[dict]:
     """The span annotation of a scored result (None when the evaluation failed).
 
-    The metadata holds the method, evaluator version, raw score and whether the score is
-    calibrated; the generated questions, their similarities and noncommittal flags only with
+    The metadata holds the method, evaluator version, raw score, whether the score is
+    calibrated, the failure kind (below ``directly_addresses``), the evidence and the prior; the generated questions, their similarities and noncommittal flags only with
     content capture on.
     """
     if not result.ok:
@@ -49,6 +49,11 @@ def annotation_for(result: RelevancyResult, span_id: str, identifier: str, *, ca
         "calibrated": result.calibrated,
         "components": dict(result.components),
     }
+    if result.failure_kind:
+        metadata["failure_kind"] = result.failure_kind
+    if result.evidence is not None:
+        metadata["evidence"] = result.evidence
+        metadata["prior"] = result.prior
     if capture_content:
         from .otel.spans import encodable
 

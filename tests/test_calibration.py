@@ -155,6 +155,14 @@ def test_calibrate_cli_fits_prints_and_the_score_command_uses_it(server, tmp_pat
     fitted = Calibration.load(calib)
     assert fitted.kind == "platt" and fitted.params["a"] > 0 and fitted.fitted_on["rows"] == 40 and fitted.fitted_on["positives"] == 24
     assert fitted.metrics["auroc"] > 0.8 and len(fitted.fitted_on["raw_fingerprint"]) == 64
+    # class-balanced: the map is the evidence; the rows' share of relevant answers is the stated prior
+    assert fitted.base_rate == 0.5 and fitted.prior == pytest.approx(24 / 40) and "prior: 0.600" in proc.stdout
+    stated = tmp_path / "stated.json"
+    proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "calibrate", str(data), "-o", str(stated), "--no-progress", "--prior", "0.9"], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert Calibration.load(stated).prior == 0.9 and Calibration.load(stated).params == pytest.approx(fitted.params)
+    proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "calibrate", str(data), "-o", str(stated), "--no-progress", "--prior", "1.5"], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2 and "--prior must lie strictly between 0 and 1" in proc.stderr
     out = tmp_path / "scored.jsonl"
     proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "score", str(data), "-o", str(out), "--no-progress", "--calibration", str(calib)], env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
