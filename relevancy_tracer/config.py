@@ -43,8 +43,8 @@ RESPONSE_FORMATS = ("json_object", "json_schema", "none")
 #: Seed 000's label thresholds: >= 0.8 directly addresses, >= 0.6 partially, >= 0.4 somewhat.
 #: Used on raw (uncalibrated) scores.
 DEFAULT_THRESHOLDS = (0.8, 0.6, 0.4)
-#: Label thresholds on calibrated scores (probabilities that a person judges the answer as
-#: addressing the question); chosen on the development sets (docs/quality.md).
+#: The former label thresholds on calibrated probabilities, kept for the quality benchmark's
+#: reports of earlier calibrations; the engine labels calibrated scores on the evidence.
 PROBABILITY_THRESHOLDS = (0.5, 0.3, 0.15)
 #: Label thresholds on the evidence of a calibrated score: the natural-log likelihood ratio
 #: ``log P(raw | relevant) / P(raw | not relevant)`` (no prior in it, so labels do not move with
@@ -359,7 +359,7 @@ class Settings:
     strictness: int = setting(3, "int", "", "N: questions generated from each answer (RAGAS strictness).", int, _check_number(1, 10, integer=True), evaluator="raw", per_call=True)
     noncommittal: str = setting("per_question", "|".join(NONCOMMITTAL_RULES), "", "Noncommittal rule: `all` zeroes the score only when every generation is noncommittal (RAGAS today), `any` when one is (RAGAS 0.1), `per_question` multiplies each similarity by its own committal flag (seed 003).", str, _check_choice(NONCOMMITTAL_RULES), evaluator="raw", per_call=True)
     generation: str = setting("joint", "|".join(GENERATION_MODES), "", "`joint`: one chat request returns all N questions; `independent`: N requests, as RAGAS.", str, _check_choice(GENERATION_MODES), evaluator="raw", per_call=True)
-    thresholds: Optional[tuple[float, float, float]] = setting(None, "3 floats", "", "Label thresholds on the reported score, descending: directly addresses / partially / somewhat related. Default: 0.5,0.3,0.15 on calibrated probabilities, seed 000's 0.8,0.6,0.4 on raw scores.", _parse_floats, _check_thresholds_optional, default_doc="auto", normalise=_as_tuple, evaluator="version", per_call=True)
+    thresholds: Optional[tuple[float, float, float]] = setting(None, "3 floats", "", "Label thresholds on the reported score, descending: directly addresses / partially / somewhat related. Unset: calibrated scores are labelled from their evidence (log likelihood ratio >= 0 / -0.5 / -4, the same under any prior; docs/calibration.md), raw scores at 0.8,0.6,0.4.", _parse_floats, _check_thresholds_optional, default_doc="auto", normalise=_as_tuple, evaluator="version", per_call=True)
     calibration: str = setting("auto", "auto | none | path", "", "Maps the method's raw score to the probability that a person judges the answer as addressing the question. `auto`: the calibration shipped for the configured method and models, when there is one; `none`: report raw scores; a path: a JSON file written by `relevancy-tracer calibrate`.", str, _check_calibration, evaluator="version", per_call=True)
     relevancy_prior: Optional[float] = setting(None, "float in (0, 1)", "share", "The share of answers a person would judge relevant in the traffic being scored: the prior of the calibrated score, `relevancy.score = sigmoid(log LR + logit(prior))` (docs/calibration.md). Unset: the calibration's stated prior (0.8 for the shipped ones). Labels do not depend on it.", _parse_optional_float, _check_prior, default_doc="the calibration's (0.8)", normalise=_as_float, evaluator="version", per_call=True)
     combined_weights: tuple[tuple[str, float], ...] = setting(DEFAULT_COMBINED_WEIGHTS, "method=weight,...", "", "Weights of the `combined` method (seed 000: ragas 0.3, direct 0.25, decomposition 0.25, intent 0.2).", _parse_weights, _check_weights, normalise=_as_pairs, evaluator="method", per_call=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .._background import fork as _fork
-from ..config import DEFAULT_THRESHOLDS, EVALUATOR_FIELDS, EVIDENCE_THRESHOLDS, PROBABILITY_THRESHOLDS, RAW_FINGERPRINT_FIELDS, Settings
+from ..config import DEFAULT_THRESHOLDS, EVALUATOR_FIELDS, EVIDENCE_THRESHOLDS, PROBABILITY_THRESHOLDS, RAW_FINGERPRINT_FIELDS, Settings  # noqa: F401 (re-exported)
 from . import failure, prompts
 from .calibration import Calibration
 from .methods import METHODS
