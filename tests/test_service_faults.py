@@ -337,6 +337,64 @@ def test_grpc_answers_invalid_argument_for_undecodable_requests_and_resource_exh
     assert serve.alive()
 
 
+def stalled_calls(port: int, count: int, metadata: tuple) -> tuple[Any, threading.Event, list]:
+    """``count`` OTLP/gRPC Export calls that open and never send their message (the request
+    iterator blocks until the returned event is set): (channel, release event, call futures)."""
+    import grpc
+
+    release = threading.Event()
+
+    def never() -> Iterator[bytes]:
+        release.wait(120)
+        return
+        yield b""  # a generator
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stall = channel.stream_unary("/" + TRACES, request_serializer=None, response_deserializer=None)
+    return channel, release, [stall.future(never(), metadata=metadata, timeout=60) for _ in range(count)]
+
+
+def test_grpc_calls_that_never_send_their_message_block_nothing(serve):
+    """Issue 35, item 2: 12 unauthenticated gRPC calls that open and never send their message
+    (more than the 8 decoding slots) are refused UNAUTHENTICATED from their metadata, before
+    any message is read, and an authenticated call is served while they hang."""
+    import grpc
+
+    channel, release, stalled = stalled_calls(serve.grpc_port, 12, (("authorization", "Bearer wrong"),))
+    try:
+        body = export_request(chain_span("Is the gRPC receiver blocked?", "No.")).SerializeToString()
+        assert grpc_call(serve, body)[0] == grpc.StatusCode.OK
+        for call in stalled:
+            assert call.exception(30).code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        release.set()
+        channel.close()
+    assert serve.alive()
+
+
+def test_an_authenticated_grpc_call_whose_message_never_arrives_is_cut_at_the_body_timeout(no_exports):
+    """A trusted sender's stalled calls hold a decoding slot for ``body_timeout`` at most
+    (DEADLINE_EXCEEDED from the server, not the client's deadline), then a call is served;
+    no thread is held per waiting call."""
+    import grpc
+
+    from relevancy_tracer.service.receiver import Admission, OTLPServer, ReceiverLimits
+
+    server = OTLPServer(lambda request: Admission(True), http_port=None, grpc_port=0, token=TOKEN, limits=ReceiverLimits(body_timeout=1.0, max_inflight=2)).start()
+    channel, release, stalled = stalled_calls(server.grpc_port, 6, (("authorization", f"Bearer {TOKEN}"),))
+    try:
+        codes = [call.exception(30).code() for call in stalled]
+        # two hold the slots until the body timeout; the others wait for a slot as long
+        assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE} and grpc.StatusCode.DEADLINE_EXCEEDED in codes, codes
+        body = export_request(chain_span("q?", "a.")).SerializeToString()
+        call = channel.unary_unary("/" + TRACES, request_serializer=None, response_deserializer=None)
+        assert call(body, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=10) == b""
+    finally:
+        release.set()
+        channel.close()
+        server.stop(1.0)
+
+
 # ------------------------------------------------------------------------------ authentication
 
 
@@ -469,6 +527,25 @@ def test_tls_on_http_and_grpc(model, backend, certificate, tmp_path):
     finally:
         output = stop_serve(serve)
     assert "TLS, bearer token required" in output
+
+
+def test_an_encrypted_tls_key_is_named_as_such(certificate, tmp_path):
+    """Issue 35, item 16: a passphrase-protected key is refused at start (exit 2) with a message
+    saying so, not OpenSSL's "[Errno 22] Invalid argument"."""
+    from relevancy_tracer.service.receiver import OTLPServer
+
+    from cryptography.hazmat.primitives import serialization
+
+    cert, key = certificate
+    encrypted = tmp_path / "encrypted.key"
+    private = serialization.load_pem_private_key(Path(key).read_bytes(), None)
+    encrypted.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"passphrase")))
+    command = [str(Path(sys.executable).parent / "relevancy-tracer"), "serve", "--grpc-port", "0", "--http-port", "0", "--tls-cert", cert, "--tls-key", str(encrypted)]
+    proc = subprocess.run(command, env=subprocess_env(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none"), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "encrypted" in proc.stderr and str(encrypted) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    with pytest.raises(OSError, match="encrypted"):  # gRPC alone checks the key too
+        OTLPServer(lambda request: None, http_port=None, grpc_port=0, tls_cert=cert, tls_key=str(encrypted)).start()
 
 
 # ------------------------------------------------------------------------------ connections
