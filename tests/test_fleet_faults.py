@@ -351,3 +351,63 @@ def test_a_queued_job_is_either_valid_or_rejected_with_a_reason(changes, dropped
     assert all(isinstance(getattr(request, name), str) for name in ("question", "answer", "span_name", "service_name", "method"))
     int(request.trace_id, 16), int(request.span_id, 16), int(request.evaluation_id, 16)
     assert ScoreRequest.from_json(request.to_json()) == request
+
+
+# ------------------------------------------------------------------------------ shutdown (issue 35, item 9)
+
+
+def test_sigterm_while_requests_wait_on_a_stalled_redis_answers_them_and_exits_cleanly(server, backend, redis_server, tmp_path):
+    """SIGTERM while an HTTP and a gRPC export wait on a Redis that stopped answering
+    (SIGSTOP): both get a retryable answer (503 with Retry-After / UNAVAILABLE), serve exits 0
+    well inside Kubernetes' 30 s grace, and logs no traceback ("Task was destroyed", "Event loop
+    is closed" before)."""
+    import signal
+
+    import grpc
+
+    from .test_service_faults import TOKEN, TRACES, chain_span, export_request, start_serve
+
+    serve = start_serve(tmp_path, server, backend, "--queue", redis_server.url)
+    body = export_request(chain_span("Is Redis answering?", "No.")).SerializeToString()
+    answers: dict[str, Any] = {}
+
+    def post() -> None:
+        status, headers, _ = serve.post(body, timeout=60)
+        answers["http"] = (status, headers.get("Retry-After"))
+
+    def call() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{serve.grpc_port}") as channel:
+            try:
+                channel.unary_unary("/" + TRACES)(body, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=60)
+                answers["grpc"] = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                answers["grpc"] = exc.code()
+
+    os.kill(redis_server._proc.pid, signal.SIGSTOP)
+    try:
+        clients = [threading.Thread(target=post), threading.Thread(target=call)]
+        for thread in clients:
+            thread.start()
+        # both requests wait in the queue's XLEN: one on the pool's connection, one on a new one
+        wait_until(lambda: redis_connections(serve.proc.pid, redis_server.port) >= 2, 20, "both requests to wait on Redis")
+        serve.proc.send_signal(signal.SIGTERM)
+        serve.proc.wait(25)  # raises TimeoutExpired past the bound
+        for thread in clients:
+            thread.join(30)
+    finally:
+        os.kill(redis_server._proc.pid, signal.SIGCONT)
+        if serve.proc.poll() is None:
+            serve.proc.kill()
+    output = serve.log.read_text()
+    assert serve.proc.returncode == 0, output[-3000:]
+    assert answers == {"http": (503, "1"), "grpc": grpc.StatusCode.UNAVAILABLE}, (answers, output[-3000:])
+    assert "Traceback" not in output and "Task was destroyed" not in output and "Event loop is closed" not in output, output[-5000:]
+    assert "stopped (" in output
+
+
+def redis_connections(pid: int, port: int) -> int:
+    """TCP connections process ``pid`` holds to Redis on ``port`` (its pool opens one per
+    command in flight)."""
+    import psutil
+
+    return sum(1 for c in psutil.Process(pid).net_connections("tcp") if c.raddr and c.raddr.port == port)

@@ -262,8 +262,8 @@ class ScoringService:
         if self.queue is not None:
             try:
                 ok = self.queue.offer(requests)
-            except Exception:  # Redis down: refuse (retryable) rather than lose the spans
-                logger.warning("relevancy-tracer: queueing on Redis failed", exc_info=True)
+            except Exception as exc:  # Redis down: refuse (retryable) rather than lose the spans
+                logger.warning("relevancy-tracer: queueing on Redis failed (%s: %s); the request is refused (retryable)", type(exc).__name__, exc)
                 ok = False
         else:
             assert self.jobs is not None and self.scorer is not None

@@ -40,9 +40,10 @@ import hmac
 import logging
 import math
 import ssl
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -165,6 +166,63 @@ def _response(admission: Admission, signal: str = "traces") -> Any:
     return ExportTraceServiceResponse()
 
 
+class _DaemonPool:
+    """At most ``workers`` daemon threads running submitted calls, started as needed.
+
+    Not :class:`concurrent.futures.ThreadPoolExecutor`, whose threads the interpreter joins at
+    exit: a decoding still running when ``serve`` stops (a huge request, a Redis that does not
+    answer) would hold the process past its shutdown bound. Its result is moot by then (the
+    client was answered 503 / UNAVAILABLE, retryable)."""
+
+    def __init__(self, workers: int, name: str):
+        self._workers, self._name = workers, name
+        self._calls: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the decoding pool is shut down")
+            self._calls.put((future, fn, args))
+            if self._calls.qsize() > self._idle and self._threads < self._workers:
+                self._threads += 1
+                threading.Thread(target=self._work, name=f"{self._name}-{self._threads}", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            item = self._calls.get()
+            with self._lock:
+                self._idle -= 1
+            if item is None:
+                return
+            future, fn, args = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # handed to the waiting request
+                    future.set_exception(exc)
+            del item, future, fn, args
+
+    def shutdown(self) -> None:
+        """No more calls; idle threads end, busy ones end after their call (they never hold the
+        interpreter's exit)."""
+        with self._lock:
+            self._closed = True
+            for _ in range(self._threads):
+                self._calls.put(None)
+
+
+#: What a request waiting for its decoding gets once the receiver stops.
+_STOPPING = object()
+
+
 class _ClientErrorLog(logging.LoggerAdapter):
     """aiohttp's server log: a malformed HTTP request is the client's error, answered 400 and
     logged in one line at DEBUG (no traceback on stderr for each bad request)."""
@@ -273,7 +331,8 @@ class OTLPServer:
         self._web: Any = None
         self._listener: Any = None
         self._slots: Optional[asyncio.Semaphore] = None
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool: Optional[_DaemonPool] = None
+        self._stopping: Optional[asyncio.Event] = None
         self._grpc: Any = None
         self.http_port: Optional[int] = None
         self.grpc_port: Optional[int] = None
@@ -305,7 +364,7 @@ class OTLPServer:
 
     def _start_loop(self) -> None:
         """The event loop both receivers run on (one thread), and the decoding threads."""
-        self._pool = ThreadPoolExecutor(max_workers=self.limits.max_inflight, thread_name_prefix="relevancy-tracer-otlp-decode")
+        self._pool = _DaemonPool(self.limits.max_inflight, "relevancy-tracer-otlp-decode")
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(target=loop.run_forever, name="relevancy-tracer-otlp", daemon=True)
@@ -313,6 +372,7 @@ class OTLPServer:
 
         async def slots() -> None:
             self._slots = asyncio.Semaphore(self.limits.max_inflight)
+            self._stopping = asyncio.Event()
 
         self._run(slots())
 
@@ -337,12 +397,15 @@ class OTLPServer:
                 loop.close()
         self._grpc = None
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             self._pool = None
 
     async def _shutdown(self, grace: float) -> None:
-        """Close the listeners, give requests in flight ``grace`` seconds, cancel the rest and
-        wait for them to unwind (no task is left pending when the loop closes)."""
+        """Close the listeners (gRPC refuses new calls); requests in flight get three quarters
+        of ``grace`` to finish, then those still waiting for their decoding are answered 503 /
+        UNAVAILABLE (retryable: the exporter re-sends to another replica) and the rest (bodies
+        still arriving) are cancelled by ``grace``; every task has unwound when this returns,
+        so none is left pending when the loop closes."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         if self._listener is not None:
@@ -353,13 +416,33 @@ class OTLPServer:
         if self._web is not None:
             stopping.append(asyncio.ensure_future(self._web.shutdown(grace)))
         if stopping:
-            await asyncio.wait(stopping, timeout=grace + 0.25)
+            _, pending = await asyncio.wait(stopping, timeout=0.75 * grace)
+            if self._stopping is not None:
+                self._stopping.set()
+            if pending:
+                await asyncio.wait(pending, timeout=max(0.1, deadline - loop.time()))
         current = asyncio.current_task()
         left = [task for task in asyncio.all_tasks() if task is not current]
         for task in left:
             task.cancel()
         if left:
-            await asyncio.wait(left, timeout=max(0.25, deadline + 0.5 - loop.time()))
+            await asyncio.wait(left, timeout=0.5)
+
+    async def _finished(self, decoding: Future) -> Any:
+        """The outcome of a decoding, or :data:`_STOPPING` when the receiver stops first."""
+        assert self._stopping is not None
+        if self._stopping.is_set():
+            return _STOPPING
+        waiting = asyncio.wrap_future(decoding)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((waiting, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if waiting.done():
+            return waiting.result()
+        waiting.cancel()
+        return _STOPPING
 
     def _ssl_context(self) -> Optional[ssl.SSLContext]:
         if not self.tls:
@@ -468,10 +551,14 @@ class OTLPServer:
             # the slot is freed when the decoding ends, even if this request is cancelled first
             decoding = self._pool.submit(self._decode_and_admit, body, content_type, signal)
             decoding.add_done_callback(self._release_slot)
-            outcome = await asyncio.wrap_future(decoding)
+            outcome = await self._finished(decoding)
         finally:
             if decoding is None:
                 self._slots.release()
+        if outcome is _STOPPING:
+            response = error(503, UNAVAILABLE, "the receiver is shutting down; retry", {"Retry-After": "1"})
+            response.force_close()
+            return response
         if isinstance(outcome, Admission):
             if not outcome.accepted:
                 self.count_refusal("http", "queue_full")
@@ -595,10 +682,13 @@ class OTLPServer:
             # the slot is freed when the decoding ends, even if this call is cancelled first
             decoding = self._pool.submit(decode_and_admit)
             decoding.add_done_callback(self._release_slot)
-            outcome = await asyncio.wrap_future(decoding)
+            outcome = await self._finished(decoding)
         finally:
             if decoding is None:
                 self._slots.release()
+        if outcome is _STOPPING:
+            context.set_trailing_metadata((("retry-after", "1"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the receiver is shutting down; retry")
         if isinstance(outcome, OTLPDecodeError):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(outcome))
         if not isinstance(outcome, Admission):
