@@ -173,6 +173,54 @@ def test_redis_restarted_empty_while_a_worker_runs(server, backend, redis_server
     assert set(by_id) == {before.evaluation_id, after.evaluation_id} and all(len(v) == 1 for v in by_id.values())
 
 
+def test_redis_at_maxmemory_loses_nothing_and_scores_nothing_twice(server, backend, redis_server, client, caplog):
+    """Issue 35, item 6: Redis at ``maxmemory`` refuses every MULTI, SET and XADD. The worker
+    still acknowledges each scored job (XACK + XDEL, allowed and freeing memory; the done
+    marker skipped): 3 jobs, 3 model calls, 3 EVALUATOR spans. The poison job it cannot move
+    to the dead-letter stream stays pending, is retried, and is moved once memory frees."""
+    import logging
+
+    jobs = [job(i) for i in range(3)]
+    poison = dict(json.loads(job(3).to_json()), question=123)
+    enqueue(client, [*jobs, poison])
+    client.xgroup_create(STREAM, "relevancy-tracer-workers", id="0")
+    client.config_set("maxmemory", "1")  # every write that may grow memory is refused from now on
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        with workers(redis_server.url, openai_settings(server), claim_idle=0.2) as (worker,):
+            wait_until(lambda: worker.scored == 3 and client.xlen(STREAM) == 1, 30, "the 3 jobs scored and acknowledged at maxmemory")
+            assert client.xlen(DEAD_LETTER) == 0 and worker.dead_lettered == 0
+            wait_until(lambda: _all_delivered(client, 1, 2), 30, "the poison job retried")
+            client.config_set("maxmemory", "0")
+            wait_until(lambda: settled(client, dead=1), 30, "the poison job dead-lettered once memory freed")
+    assert worker.scored == 3 and worker.dead_lettered == 1
+    assert len(server.requests_to("chat")) == 3  # each job evaluated once
+    by_id = evaluations_by_id(backend, 3)
+    assert set(by_id) == {j.evaluation_id for j in jobs} and all(len(v) == 1 for v in by_id.values())
+    assert "Redis is out of memory" in caplog.text and "acknowledged without its done marker" in caplog.text and "stays pending" in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+def test_a_worker_started_while_redis_is_full_waits_and_then_consumes(server, backend, redis_server, client, caplog):
+    """Issue 35, item 6: a worker (and a receiver's queue) started while Redis is at
+    ``maxmemory`` and the consumer group does not exist yet (XGROUP CREATE refused) starts,
+    says why it waits, retries, and consumes once memory frees."""
+    import logging
+
+    from relevancy_tracer.service.queue import RedisStreamQueue
+
+    pending = job(0)
+    enqueue(client, [pending])  # the stream exists, its group does not
+    client.config_set("maxmemory", "1")
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        RedisStreamQueue(redis_server.url).close()  # as serve --queue starts: no exception
+        with workers(redis_server.url, openai_settings(server), claim_idle=0.2) as (worker,):
+            wait_until(lambda: "retrying in" in caplog.text, 30, "the worker to retry")
+            client.config_set("maxmemory", "0")
+            wait_until(lambda: settled(client), 30, "the job scored once memory freed")
+    assert worker.scored == 1 and list(evaluations_by_id(backend, 1)) == [pending.evaluation_id]
+    assert "Redis is out of memory" in caplog.text and "Traceback" not in caplog.text
+
+
 def _offered(producer: Any, request: ScoreRequest) -> bool:
     try:
         return producer.offer([request])

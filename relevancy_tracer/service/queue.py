@@ -96,7 +96,10 @@ class RedisStreamQueue:
         self.dead_letter_max_length = dead_letter_max_length
         self.groups_created = 0
         self._claim_cursor = "-"
-        self._create_group()
+        try:
+            self._create_group()
+        except redis.RedisError as exc:  # Redis full or unreachable: the first read creates it
+            logger.warning("relevancy-tracer: cannot create the consumer group %s of %s yet (%s); retrying on the next read", self.group, self.stream, describe_redis_error(exc))
 
     def _create_group(self) -> None:
         import redis
@@ -190,14 +193,31 @@ class RedisStreamQueue:
     def is_done(self, evaluation_id: str) -> bool:
         return bool(self.redis.exists(DONE_PREFIX + evaluation_id))
 
-    def ack(self, entry_id: str, evaluation_id: Optional[str] = None) -> None:
-        """Mark done (when an evaluation id is given), acknowledge and delete the entry."""
+    def ack(self, entry_id: str, evaluation_id: Optional[str] = None) -> bool:
+        """Mark done (when an evaluation id is given), acknowledge and delete the entry, in one
+        transaction. Returns True, or False when Redis is at ``maxmemory``: it then refuses
+        every transaction and the ``SET`` (Redis rejects any command queued in ``MULTI`` when
+        out of memory), so the entry is acknowledged and deleted without its done marker
+        (``XACK`` and ``XDEL`` are allowed and free memory): it is never delivered again, only
+        an exporter's re-sent copy could be scored a second time.
+
+        Raises ``redis.RedisError`` when Redis is unreachable (the caller retries)."""
         pipe = self.redis.pipeline(transaction=True)
         if evaluation_id:
             pipe.set(DONE_PREFIX + evaluation_id, 1, ex=self.done_ttl)
         pipe.xack(self.stream, self.group, entry_id)
         pipe.xdel(self.stream, entry_id)
-        self._grouped(pipe.execute)
+        try:
+            self._grouped(pipe.execute)
+            return True
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+        plain = self.redis.pipeline(transaction=False)  # one round trip, in order, no MULTI
+        plain.xack(self.stream, self.group, entry_id)
+        plain.xdel(self.stream, entry_id)
+        self._grouped(plain.execute)
+        return False
 
     def dead_letter(self, delivery: Delivery, error: str, consumer: str) -> None:
         """Move a job to ``<stream>:dead-letter`` and acknowledge it, in one transaction.
@@ -220,6 +240,24 @@ class RedisStreamQueue:
 
     def close(self) -> None:
         self.redis.close()
+
+
+#: How the logs describe Redis' refusal at ``maxmemory``.
+OUT_OF_MEMORY = "Redis is out of memory (used memory > maxmemory) and refuses writes until memory is freed: raise maxmemory, or let the workers drain the stream"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether a Redis error is its refusal at ``maxmemory`` (``OOM command not allowed``)."""
+    import redis
+
+    return isinstance(exc, getattr(redis.exceptions, "OutOfMemoryError", ())) or (isinstance(exc, redis.ResponseError) and ("OOM" in str(exc) or "maxmemory" in str(exc)))
+
+
+def describe_redis_error(exc: BaseException) -> str:
+    """A one-line account of a Redis error for the logs (what to do when it is at ``maxmemory``)."""
+    if is_out_of_memory(exc):
+        return OUT_OF_MEMORY
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _delivery(entry_id: Any, fields: Any, deliveries: int) -> Delivery:

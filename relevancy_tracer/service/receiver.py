@@ -656,7 +656,7 @@ class OTLPServer:
         except asyncio.TimeoutError:
             self.count_refusal("grpc", "too_many_requests")
             context.set_trailing_metadata((("retry-after", "1"),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "too many requests in progress; retry later")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "too many requests in progress; retry later")
         decoding = None
         try:
             try:
@@ -664,9 +664,9 @@ class OTLPServer:
             except asyncio.TimeoutError:
                 raw = None
             if raw is None:
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"the request message did not arrive within {self.limits.body_timeout:g} s")
+                await _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, f"the request message did not arrive within {self.limits.body_timeout:g} s")
             if raw is grpc.aio.EOF:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
 
             def decode_and_admit() -> Any:
                 try:
@@ -688,16 +688,31 @@ class OTLPServer:
                 self._slots.release()
         if outcome is _STOPPING:
             context.set_trailing_metadata((("retry-after", "1"),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the receiver is shutting down; retry")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver is shutting down; retry")
         if isinstance(outcome, OTLPDecodeError):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(outcome))
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(outcome))
         if not isinstance(outcome, Admission):
-            await context.abort(grpc.StatusCode.INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
+            await _abort(context, grpc.StatusCode.INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
         if not outcome.accepted:
             self.count_refusal("grpc", "queue_full")
             context.set_trailing_metadata((("retry-after", str(self.retry_after())),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the scoring queue is full; retry later")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the scoring queue is full; retry later")
         return _response(outcome, signal)
+
+
+async def _abort(context: Any, code: Any, message: str) -> None:
+    """End a gRPC call with ``code`` (raises grpc's AbortError, as ``context.abort`` does). A
+    call grpcio already ended (cancelled by its client, or its message refused above
+    ``grpc.max_receive_message_length``) has nothing left to answer: it unwinds quietly (as a
+    cancellation) instead of grpcio logging a failed batch with a traceback."""
+    import grpc
+
+    try:
+        await context.abort(code, message)
+    except grpc.aio.AbortError:
+        raise
+    except Exception:
+        raise asyncio.CancelledError() from None
 
 
 def _token_check_class() -> Any:
@@ -711,7 +726,7 @@ def _token_check_class() -> Any:
             self._server = server
 
             async def refuse(_requests: Any, context: Any) -> None:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization: Bearer <token>)")
+                await _abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization: Bearer <token>)")
 
             # a stream-request handler: grpcio runs it without waiting for a message
             self._refuse = grpc.stream_unary_rpc_method_handler(refuse)
