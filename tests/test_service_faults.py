@@ -142,14 +142,16 @@ def start_serve(tmp: Path, model: FakeOpenAIServer, backend: OTLPReceiver, *args
     log = tmp / f"serve-{http_port}.log"
     environment = subprocess_env(
         fake_model_env(model),
-        RELEVANCY_TRACER_METHOD="ragas",
-        RELEVANCY_TRACER_SERVICE_TOKEN=TOKEN,
-        RELEVANCY_TRACER_MAX_REQUEST_BYTES=str(MAX_BYTES),
-        OTEL_EXPORTER_OTLP_ENDPOINT=backend.http_endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-        OTEL_METRICS_EXPORTER="none",
-        OTEL_BSP_SCHEDULE_DELAY="200",
-        **env,
+        dict(
+            RELEVANCY_TRACER_METHOD="ragas",
+            RELEVANCY_TRACER_SERVICE_TOKEN=TOKEN,
+            RELEVANCY_TRACER_MAX_REQUEST_BYTES=str(MAX_BYTES),
+            OTEL_EXPORTER_OTLP_ENDPOINT=backend.http_endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_BSP_SCHEDULE_DELAY="200",
+        ),
+        env,
     )
     command = [str(Path(sys.executable).parent / "relevancy-tracer"), "serve", "--http-port", str(http_port), "--grpc-port", str(grpc_port), *args]
     proc = subprocess.Popen(command, env=environment, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
@@ -393,6 +395,71 @@ def test_an_authenticated_grpc_call_whose_message_never_arrives_is_cut_at_the_bo
         release.set()
         channel.close()
         server.stop(1.0)
+
+
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    """One protobuf field of wire type 2 (length-delimited)."""
+    size, varint = len(payload), bytearray()
+    while True:
+        varint.append((size & 0x7F) | (0x80 if size > 0x7F else 0))
+        size >>= 7
+        if not size:
+            break
+    return bytes([(field << 3) | 2]) + bytes(varint) + payload
+
+
+def _span_flood(limit: int, span: bytes) -> bytes:
+    """An ExportTraceServiceRequest of ``limit`` bytes at most: one resource and scope holding
+    as many copies of the encoded ``span`` as fit."""
+    item = _length_delimited(2, span)
+    return _length_delimited(1, _length_delimited(2, item * ((limit - 64) // len(item))))
+
+
+def test_concurrent_requests_of_millions_of_tiny_spans_stay_within_the_decoding_budget(model, backend, tmp_path):
+    """Issue 35, item 3, at full size (max_request_bytes 16 MiB, the default): 8 concurrent
+    requests of 559k spans without attributes (3.1 GB of RSS before), then 8 of 8.4M empty spans
+    and 8 OTLP/JSON bodies of 5.6M ``{}``. The decoding memory of requests in flight is held
+    against a budget of 32 x max_request_bytes: a request waits for room (503 with Retry-After
+    after body_timeout), one that would not fit alone is refused for good (413). Peak RSS
+    stays under its start + the budget + the bodies being read (8 x 2 x 16 MiB)."""
+    import psutil
+
+    limit = 16 * 1024 * 1024
+    serve = start_serve(tmp_path, model, backend, RELEVANCY_TRACER_MAX_REQUEST_BYTES=str(limit), RELEVANCY_TRACER_RECEIVER_BODY_TIMEOUT="5")
+    process = psutil.Process(serve.proc.pid)
+    start = process.memory_info().rss
+    peak, watching = [start], threading.Event()
+
+    def watch() -> None:  # samples RSS while the requests run
+        while not watching.wait(0.02):
+            peak[0] = max(peak[0], process.memory_info().rss)
+
+    threading.Thread(target=watch, daemon=True).start()
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    minimal = _span_flood(limit, trace_pb2.Span(trace_id=b"t" * 16, span_id=b"s" * 8).SerializeToString())
+    empty = _span_flood(limit, b"")
+    flood = b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + b",".join([b"{}"] * ((limit - 100) // 3)) + b"]}]}]}"
+    try:
+        for body, content_type, allowed in ((minimal, "application/x-protobuf", {200, 503}), (empty, "application/x-protobuf", {413}), (flood, "application/json", {413})):
+            replies: list = []
+            posts = [threading.Thread(target=lambda: replies.append(serve.post(body, {"Content-Type": content_type}, timeout=120))) for _ in range(8)]
+            for post in posts:
+                post.start()
+            for post in posts:
+                post.join(180)
+            statuses = sorted(status for status, _, _ in replies)
+            assert len(statuses) == 8 and set(statuses) <= allowed, statuses
+            assert all(headers.get("Retry-After") == "1" for status, headers, _ in replies if status == 503)
+            if 200 in allowed:
+                assert 200 in statuses
+            else:
+                assert all(b"decoding budget" in reply for _, _, reply in replies)
+    finally:
+        watching.set()
+        output = stop_serve(serve)
+    assert peak[0] - start < 512 * 2**20 + 8 * 2 * limit, f"peak RSS {peak[0] >> 20} MiB from {start >> 20} MiB"
+    assert "Traceback" not in output, output[-3000:]
 
 
 # ------------------------------------------------------------------------------ authentication

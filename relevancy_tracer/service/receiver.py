@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..config import MAX_INT32, Settings
-from .otlp import GzipInflater, OTLPDecodeError, RequestTooLarge, parse_request
+from .otlp import WIRE_FACTOR, DecodeBudget, GzipInflater, OTLPDecodeError, RequestTooLarge, count_items, decoded_bytes, parse_request, upfront_bytes
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -56,6 +56,10 @@ def _setting_default(name: str) -> Any:
     """The default of a :class:`~relevancy_tracer.config.Settings` field: the one place it is written."""
     return Settings.__dataclass_fields__[name].default
 
+
+#: The decoding budget (:class:`~relevancy_tracer.service.otlp.DecodeBudget`) in units of
+#: ``max_request_bytes``: the largest request of spans without attributes fits alone.
+DECODE_BUDGET_FACTOR = 32
 
 #: Default bound of a request body and of its decompressed size (see ``max_request_bytes``).
 DEFAULT_MAX_REQUEST_BYTES = _setting_default("max_request_bytes")
@@ -221,6 +225,8 @@ class _DaemonPool:
 
 #: What a request waiting for its decoding gets once the receiver stops.
 _STOPPING = object()
+#: What a request gets when the decoding budget had no room for it within ``body_timeout``.
+_BUSY = object()
 
 
 class _ClientErrorLog(logging.LoggerAdapter):
@@ -333,6 +339,8 @@ class OTLPServer:
         self._slots: Optional[asyncio.Semaphore] = None
         self._pool: Optional[_DaemonPool] = None
         self._stopping: Optional[asyncio.Event] = None
+        #: decoding memory of the requests in flight: 32 x max_request_bytes (512 MiB at the default)
+        self._budget: Optional[DecodeBudget] = DecodeBudget(DECODE_BUDGET_FACTOR * limits.max_request_bytes)
         self._grpc: Any = None
         self.http_port: Optional[int] = None
         self.grpc_port: Optional[int] = None
@@ -564,6 +572,11 @@ class OTLPServer:
                 self.count_refusal("http", "queue_full")
                 return error(429, UNAVAILABLE, "the scoring queue is full; retry later", {"Retry-After": str(self.retry_after())})
             return web.Response(body=_encode(_response(outcome, signal), is_json), content_type="application/json" if is_json else "application/x-protobuf")
+        if outcome is _BUSY:
+            self.count_refusal("http", "decoding_budget")
+            return error(503, UNAVAILABLE, "the receiver's decoding memory is taken by other requests; retry later", {"Retry-After": "1"})
+        if isinstance(outcome, RequestTooLarge):
+            return error(413, RESOURCE_EXHAUSTED, f"{outcome} (max_request_bytes)")
         if isinstance(outcome, OTLPDecodeError):
             return error(400, INVALID_ARGUMENT, str(outcome))
         return error(500, INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
@@ -593,17 +606,44 @@ class OTLPServer:
             inflater.finish()
         return b"".join(parts)
 
-    def _decode_and_admit(self, body: bytes, content_type: str, signal: str = "traces") -> Any:
-        """Admission, or the exception that stopped it (runs on the decoding threads)."""
+    def _decode_and_admit(self, body: bytes, content_type: str, signal: str = "traces", protocol: str = "HTTP") -> Any:
+        """Admission, or what stopped it: an exception (``OTLPDecodeError``, ``RequestTooLarge``,
+        a bug's) or :data:`_BUSY`. Runs on the decoding threads, holding the request's memory
+        estimate against the :class:`DecodeBudget` (first what counting its items or
+        ``json.loads`` takes, then what decoding and selecting them takes) while it is decoded,
+        selected and queued."""
+        budget = self._budget
+        assert budget is not None
+        is_json = "json" in content_type.lower()
+        held = 0
         try:
+            upfront = upfront_bytes(body, is_json) + (WIRE_FACTOR * len(body) if is_json else 0)
+            if not budget.acquire(upfront, self.limits.body_timeout):
+                return _BUSY
+            held = upfront
+            request = None
+            if is_json:  # loaded and parsed under the upfront estimate, then counted
+                request = parse_request(body, content_type, signal=signal)
+                items = sum(len(getattr(scope, "spans" if signal == "traces" else "log_records")) for resource in getattr(request, "resource_spans" if signal == "traces" else "resource_logs") for scope in getattr(resource, "scope_spans" if signal == "traces" else "scope_logs"))
+            else:
+                items = count_items(body)
+            need = decoded_bytes(len(body), items)
+            budget.release(held)
+            held = 0
+            if not budget.acquire(need, self.limits.body_timeout):
+                return _BUSY
+            held = need
             accept = self.accept_logs if signal == "logs" else self.accept
             assert accept is not None
-            return accept(parse_request(body, content_type, signal=signal))
-        except OTLPDecodeError as exc:
+            return accept(request if request is not None else parse_request(body, content_type, signal=signal))
+        except (OTLPDecodeError, RequestTooLarge) as exc:
             return exc
         except Exception as exc:  # a bug, never a dropped connection: answered 500 and logged
-            logger.warning("relevancy-tracer: an OTLP/HTTP export request failed", exc_info=True)
+            logger.warning("relevancy-tracer: an OTLP/%s export request failed", protocol, exc_info=True)
             return exc
+        finally:
+            if held:
+                budget.release(held)
 
     # ---------------------------------------------------------------- OTLP/gRPC
 
@@ -646,9 +686,6 @@ class OTLPServer:
     async def _export(self, requests: Any, context: Any, signal: str = "traces") -> Any:
         """One OTLP/gRPC export call (authenticated by :class:`_TokenCheck`)."""
         import grpc
-        from google.protobuf.message import DecodeError
-
-        from .otlp import request_class
 
         assert self._slots is not None and self._pool is not None
         try:
@@ -668,19 +705,8 @@ class OTLPServer:
             if raw is grpc.aio.EOF:
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
 
-            def decode_and_admit() -> Any:
-                try:
-                    request = request_class(signal).FromString(raw)
-                except (DecodeError, RecursionError) as exc:
-                    return OTLPDecodeError(f"bad OTLP protobuf request: {exc}")
-                try:
-                    return (self.accept_logs if signal == "logs" else self.accept)(request)  # type: ignore[misc]
-                except Exception as exc:  # a bug: answered INTERNAL and logged
-                    logger.warning("relevancy-tracer: an OTLP/gRPC export request failed", exc_info=True)
-                    return exc
-
             # the slot is freed when the decoding ends, even if this call is cancelled first
-            decoding = self._pool.submit(decode_and_admit)
+            decoding = self._pool.submit(self._decode_and_admit, raw, "application/x-protobuf", signal, "gRPC")
             decoding.add_done_callback(self._release_slot)
             outcome = await self._finished(decoding)
         finally:
@@ -689,6 +715,12 @@ class OTLPServer:
         if outcome is _STOPPING:
             context.set_trailing_metadata((("retry-after", "1"),))
             await _abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver is shutting down; retry")
+        if outcome is _BUSY:
+            self.count_refusal("grpc", "decoding_budget")
+            context.set_trailing_metadata((("retry-after", "1"),))
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver's decoding memory is taken by other requests; retry later")
+        if isinstance(outcome, RequestTooLarge):
+            await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"{outcome} (max_request_bytes)")
         if isinstance(outcome, OTLPDecodeError):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(outcome))
         if not isinstance(outcome, Admission):
