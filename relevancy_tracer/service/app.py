@@ -363,7 +363,7 @@ class FleetWorker:
         self._held: dict[str, float] = {}  # entry id -> monotonic time until which its claim is extended
         # scored and exported, their acknowledgement failed (Redis unreachable): retried before
         # new jobs are taken, their claims extended meanwhile so no worker scores them again
-        self._unacked: dict[str, Optional[str]] = {}
+        self._unacked: dict[str, tuple[Optional[str], Optional[str]]] = {}
         self._held_lock = threading.Lock()
         # a held job's claim is extended while it can still be in progress: the evaluation, the
         # writes and the exporters' flush (30 s); after that a wedged worker lets it go
@@ -427,8 +427,8 @@ class FleetWorker:
         """Take up to ``concurrency`` jobs (reclaimed ones first), score, write, export and
         acknowledge them; returns how many were taken."""
         count = max(1, self.settings.concurrency)
-        for entry_id, evaluation_id in list(self._unacked.items()):  # raises while Redis is unreachable
-            self.queue.ack(entry_id, evaluation_id)
+        for entry_id, (evaluation_id, contexts_id) in list(self._unacked.items()):  # raises while Redis is unreachable
+            self.queue.ack(entry_id, evaluation_id, contexts_id)
             del self._unacked[entry_id]
             with self._held_lock:
                 self._held.pop(entry_id, None)
@@ -508,12 +508,13 @@ class FleetWorker:
         done marker (see :meth:`RedisStreamQueue.ack`). Redis unreachable: kept, its claim
         extended, and retried before the next jobs are taken (:meth:`step`): it is not
         delivered again, so not scored twice."""
+        contexts_id = delivery.request.contexts_id if delivery.request is not None else None
         try:
-            if not self.queue.ack(delivery.entry_id, evaluation_id):
+            if not self.queue.ack(delivery.entry_id, evaluation_id, contexts_id):
                 logger.warning("relevancy-tracer worker: job %s acknowledged without its done marker: %s", delivery.entry_id, OUT_OF_MEMORY)
         except Exception as exc:
             with self._held_lock:
-                self._unacked[delivery.entry_id] = evaluation_id
+                self._unacked[delivery.entry_id] = (evaluation_id, contexts_id)
                 self._held[delivery.entry_id] = float("inf")
             logger.warning("relevancy-tracer worker: acknowledging job %s failed (%s); retried before the next jobs are taken (it stays claimed by this worker)", delivery.entry_id, describe_redis_error(exc))
 

@@ -28,6 +28,9 @@ none is queued twice.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import os
 import socket
@@ -42,6 +45,9 @@ logger = logging.getLogger("relevancy_tracer")
 STREAM = "relevancy-tracer:evaluations"
 GROUP = "relevancy-tracer-workers"
 DONE_PREFIX = "relevancy-tracer:done:"
+#: Contexts shared by the jobs of one export request's trace are stored once under this prefix
+#: (a hash: ``contexts`` JSON, ``refs`` jobs still holding them).
+CONTEXTS_PREFIX = "relevancy-tracer:contexts:"
 #: The dead-letter stream is the job stream's name plus this suffix.
 DEAD_LETTER_SUFFIX = ":dead-letter"
 
@@ -130,17 +136,70 @@ class RedisStreamQueue:
 
     def offer(self, requests: list[ScoreRequest]) -> bool:
         """Append every request or none; False when the stream is at its bound. An empty
-        stream takes a request larger than the bound whole (it would be refused forever)."""
+        stream takes a request larger than the bound whole (it would be refused forever).
+
+        Contexts are stored once per distinct list among the request's jobs (the RETRIEVER
+        documents of a trace, shared by its root spans), in a hash with a count of the jobs
+        holding them, deleted when the last one is acknowledged (at the latest after
+        ``done_ttl``); each job carries their id. Each stored list counts as one entry
+        against ``max_length``, as a job does."""
         if not requests:
             return True
+        stored: dict[str, list] = {}  # contexts id -> [json, jobs holding it]
+        batch = os.urandom(8).hex()
+        queued = []
+        for request in requests:
+            if request.contexts:
+                text = json.dumps(request.contexts, ensure_ascii=False, separators=(",", ":"))
+                contexts_id = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32] + "-" + batch
+                stored.setdefault(contexts_id, [text, 0])[1] += 1
+                request = dataclasses.replace(request, contexts=None, contexts_id=contexts_id)
+            queued.append(request)
         depth = self.redis.xlen(self.stream)
-        if depth and depth + len(requests) > self.max_length:
+        if depth and depth + len(queued) + len(stored) > self.max_length:
             return False
         pipe = self.redis.pipeline(transaction=True)
-        for request in requests:
+        for contexts_id, (text, refs) in stored.items():
+            pipe.hset(CONTEXTS_PREFIX + contexts_id, mapping={"contexts": text, "refs": refs})
+            pipe.expire(CONTEXTS_PREFIX + contexts_id, self.done_ttl)
+        for request in queued:
             pipe.xadd(self.stream, {"job": request.to_json()})
         pipe.execute()
         return True
+
+    def _with_contexts(self, deliveries: list["Delivery"]) -> list["Delivery"]:
+        """Fill in the stored contexts of jobs that carry a ``contexts_id`` (one round trip). A
+        list no longer stored (expired, Redis restarted empty) leaves the job without contexts,
+        with a warning."""
+        wanted = [d for d in deliveries if d.request is not None and d.request.contexts_id]
+        if not wanted:
+            return deliveries
+        pipe = self.redis.pipeline(transaction=False)
+        for delivery in wanted:
+            pipe.hget(CONTEXTS_PREFIX + delivery.request.contexts_id, "contexts")  # type: ignore[union-attr]
+        for delivery, text in zip(wanted, pipe.execute()):
+            contexts = None
+            try:
+                contexts = json.loads(text) if text is not None else None
+            except ValueError:
+                pass
+            if isinstance(contexts, list) and all(isinstance(c, str) for c in contexts):
+                delivery.request.contexts = contexts  # type: ignore[union-attr]
+            else:
+                logger.warning("relevancy-tracer: the contexts of job %s are no longer stored (expired, or Redis restarted); scoring it without them", delivery.entry_id)
+        return deliveries
+
+    def _release_contexts(self, contexts_ids: list[str]) -> None:
+        """One job fewer holds each of ``contexts_ids``; a list no job holds is deleted."""
+        if not contexts_ids:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for contexts_id in contexts_ids:
+            pipe.hincrby(CONTEXTS_PREFIX + contexts_id, "refs", -1)
+        left = pipe.execute(raise_on_error=False)
+        gone = [CONTEXTS_PREFIX + c for c, refs in zip(contexts_ids, left) if isinstance(refs, int) and refs <= 0]
+        if gone:
+            self.redis.delete(*gone)
 
     def depth(self) -> int:
         """Jobs queued or taken and not yet acknowledged."""
@@ -151,7 +210,7 @@ class RedisStreamQueue:
     def read(self, consumer: str, count: int, block_ms: int = 1000) -> list[Delivery]:
         """New jobs for ``consumer`` (blocks up to ``block_ms``), each delivered once so far."""
         reply = self._grouped(lambda: self.redis.xreadgroup(self.group, consumer, {self.stream: ">"}, count=count, block=block_ms))
-        return [_delivery(entry_id, fields, 1) for _, entries in reply or [] for entry_id, fields in entries or [] if fields is not None]
+        return self._with_contexts([_delivery(entry_id, fields, 1) for _, entries in reply or [] for entry_id, fields in entries or [] if fields is not None])
 
     def retry_delay(self, deliveries: int) -> float:
         """Seconds a job delivered ``deliveries`` times must stay idle (unextended) before it is
@@ -182,7 +241,7 @@ class RedisStreamQueue:
         else:
             cursor = cursor if len(pending) == page_size else "-"
         self._claim_cursor = cursor
-        return out
+        return self._with_contexts(out)
 
     def extend(self, consumer: str, entry_ids: list[str]) -> None:
         """Reset the idle time of jobs ``consumer`` holds (``XCLAIM ... JUSTID``: the delivery
@@ -193,13 +252,15 @@ class RedisStreamQueue:
     def is_done(self, evaluation_id: str) -> bool:
         return bool(self.redis.exists(DONE_PREFIX + evaluation_id))
 
-    def ack(self, entry_id: str, evaluation_id: Optional[str] = None) -> bool:
+    def ack(self, entry_id: str, evaluation_id: Optional[str] = None, contexts_id: Optional[str] = None) -> bool:
         """Mark done (when an evaluation id is given), acknowledge and delete the entry, in one
         transaction. Returns True, or False when Redis is at ``maxmemory``: it then refuses
         every transaction and the ``SET`` (Redis rejects any command queued in ``MULTI`` when
         out of memory), so the entry is acknowledged and deleted without its done marker
         (``XACK`` and ``XDEL`` are allowed and free memory): it is never delivered again, only
         an exporter's re-sent copy could be scored a second time.
+
+        ``contexts_id``: the job's stored contexts, released (deleted with their last job).
 
         Raises ``redis.RedisError`` when Redis is unreachable (the caller retries)."""
         pipe = self.redis.pipeline(transaction=True)
@@ -209,30 +270,39 @@ class RedisStreamQueue:
         pipe.xdel(self.stream, entry_id)
         try:
             self._grouped(pipe.execute)
-            return True
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
+        else:
+            if contexts_id:
+                self._release_contexts([contexts_id])
+            return True
         plain = self.redis.pipeline(transaction=False)  # one round trip, in order, no MULTI
         plain.xack(self.stream, self.group, entry_id)
         plain.xdel(self.stream, entry_id)
         self._grouped(plain.execute)
-        return False
+        return False  # its stored contexts (HINCRBY is refused at maxmemory) expire after done_ttl
 
     def dead_letter(self, delivery: Delivery, error: str, consumer: str) -> None:
         """Move a job to ``<stream>:dead-letter`` and acknowledge it, in one transaction.
 
         The dead letter's fields: ``job`` (the payload as received), ``error`` (why: a type or
         field name, never user text), ``deliveries``, ``entry_id`` (in the job stream),
-        ``consumer``, ``time_ms`` (Unix milliseconds). Its evaluation id is not recorded as
+        ``consumer``, ``time_ms`` (Unix milliseconds), and ``contexts`` (their JSON) when the job
+        referred to stored contexts, which are released. Its evaluation id is not recorded as
         done, so adding the ``job`` back to the stream scores it again.
         """
         pipe = self.redis.pipeline(transaction=True)
         letter = {"job": delivery.job if delivery.job is not None else b"", "error": error, "deliveries": delivery.deliveries, "entry_id": delivery.entry_id, "consumer": consumer, "time_ms": int(time.time() * 1000)}
+        request = delivery.request
+        if request is not None and request.contexts_id and request.contexts is not None:
+            letter["contexts"] = json.dumps(request.contexts, ensure_ascii=False, separators=(",", ":"))
         pipe.xadd(self.dead_letter_stream, letter, maxlen=self.dead_letter_max_length, approximate=True)
         pipe.xack(self.stream, self.group, delivery.entry_id)
         pipe.xdel(self.stream, delivery.entry_id)
         self._grouped(pipe.execute)
+        if request is not None and request.contexts_id:
+            self._release_contexts([request.contexts_id])
 
     def dead_letters(self) -> int:
         """Jobs in the dead-letter stream."""
