@@ -522,3 +522,23 @@ def test_contexts_shared_by_a_traces_spans_are_stored_once_on_the_stream(server,
         assert not client.keys(contexts_prefix + "*") and client.xlen(STREAM) == 0
     finally:
         queue.close()
+
+
+def test_dead_letters_are_bounded_in_bytes(redis_server, client):
+    """Issue 35, item 5: dead letters were bounded by count only (100,000 x 41 KB = 4.1 GB of
+    Redis at the default budgets); now also by the bytes of their fields: 60 letters of 41 KB
+    against a 1 MiB bound keep the newest that fit, and the count matches what is stored."""
+    from relevancy_tracer.service.queue import RedisStreamQueue
+
+    queue = RedisStreamQueue(redis_server.url, dead_letter_max_bytes=1024 * 1024)
+    try:
+        enqueue(client, [b"x" * 41_000 + b"%d" % i for i in range(60)])  # malformed: not JSON
+        for delivery in queue.read("worker", 60, 100):
+            queue.dead_letter(delivery, "malformed job: not JSON", "worker")
+        stored = client.xrange(DEAD_LETTER)
+        size = sum(len(k) + len(v) for _, fields in stored for k, v in fields.items())
+        assert size <= 1024 * 1024 and len(stored) >= 20, (size, len(stored))
+        assert stored[-1][1][b"job"].endswith(b"x59") and queue.dead_letter_bytes() == size
+        assert client.xlen(STREAM) == 0  # every job acknowledged
+    finally:
+        queue.close()

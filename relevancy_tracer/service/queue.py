@@ -50,6 +50,9 @@ DONE_PREFIX = "relevancy-tracer:done:"
 CONTEXTS_PREFIX = "relevancy-tracer:contexts:"
 #: The dead-letter stream is the job stream's name plus this suffix.
 DEAD_LETTER_SUFFIX = ":dead-letter"
+#: Default bound of the dead-letter stream in bytes of its entries' fields (64 MiB: about
+#: 1,600 letters of the largest jobs the default budgets allow, 41 KB, more of smaller ones).
+DEAD_LETTER_MAX_BYTES = 64 * 1024 * 1024
 
 
 def consumer_name() -> str:
@@ -82,11 +85,12 @@ class RedisStreamQueue:
             flight at most (the stream's length). claim_idle: seconds (> 0) without a claim
             extension after which another worker may reclaim a taken, unacknowledged job
             (doubled at each further delivery, see :meth:`retry_delay`). done_ttl: seconds an
-            evaluation id is remembered as done. dead_letter_max_length: dead letters kept
-            (approximate trim, oldest first).
+            evaluation id is remembered as done. dead_letter_max_length, dead_letter_max_bytes:
+            dead letters kept, in number and in bytes of their fields (the oldest are deleted
+            first; the bytes are counted in the key ``<stream>:dead-letter:bytes``).
     """
 
-    def __init__(self, url: str, *, stream: str = STREAM, group: str = GROUP, max_length: int = 10_000, claim_idle: float = 30.0, done_ttl: int = 86_400, dead_letter_max_length: int = 100_000):
+    def __init__(self, url: str, *, stream: str = STREAM, group: str = GROUP, max_length: int = 10_000, claim_idle: float = 30.0, done_ttl: int = 86_400, dead_letter_max_length: int = 100_000, dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES):
         import redis
 
         if not claim_idle > 0:
@@ -100,6 +104,8 @@ class RedisStreamQueue:
         self.claim_idle = claim_idle
         self.done_ttl = done_ttl
         self.dead_letter_max_length = dead_letter_max_length
+        self.dead_letter_max_bytes = dead_letter_max_bytes
+        self.dead_letter_bytes_key = self.dead_letter_stream + ":bytes"
         self.groups_created = 0
         self._claim_cursor = "-"
         try:
@@ -297,12 +303,49 @@ class RedisStreamQueue:
         request = delivery.request
         if request is not None and request.contexts_id and request.contexts is not None:
             letter["contexts"] = json.dumps(request.contexts, ensure_ascii=False, separators=(",", ":"))
-        pipe.xadd(self.dead_letter_stream, letter, maxlen=self.dead_letter_max_length, approximate=True)
+        size = _letter_bytes(letter)
+        pipe.xadd(self.dead_letter_stream, letter)
+        pipe.incrby(self.dead_letter_bytes_key, size)
+        pipe.xlen(self.dead_letter_stream)
         pipe.xack(self.stream, self.group, delivery.entry_id)
         pipe.xdel(self.stream, delivery.entry_id)
-        self._grouped(pipe.execute)
+        _, total, count, _, _ = self._grouped(pipe.execute)
+        if int(total) > self.dead_letter_max_bytes or int(count) > self.dead_letter_max_length:
+            self._trim_dead_letters()
         if request is not None and request.contexts_id:
             self._release_contexts([request.contexts_id])
+
+    def _trim_dead_letters(self) -> None:
+        """Delete the oldest dead letters until both bounds hold (``dead_letter_max_bytes``,
+        ``dead_letter_max_length``), counting the bytes deleted. Concurrent trims by several
+        workers each count only the entries they deleted themselves."""
+        total = int(self.redis.get(self.dead_letter_bytes_key) or 0)
+        count = int(self.redis.xlen(self.dead_letter_stream))
+        start = "-"
+        while total > self.dead_letter_max_bytes or count > self.dead_letter_max_length:
+            page = self.redis.xrange(self.dead_letter_stream, start, "+", count=100)
+            if not page:  # the stream was emptied behind the count's back: start over
+                self.redis.set(self.dead_letter_bytes_key, 0)
+                return
+            doomed = []
+            for entry_id, fields in page:
+                if total <= self.dead_letter_max_bytes and count <= self.dead_letter_max_length:
+                    break
+                size = _letter_bytes(fields)
+                doomed.append((entry_id, size))
+                total, count = total - size, count - 1
+            pipe = self.redis.pipeline(transaction=False)
+            for entry_id, _ in doomed:
+                pipe.xdel(self.dead_letter_stream, entry_id)
+            deleted = pipe.execute()
+            freed = sum(size for (_, size), gone in zip(doomed, deleted) if gone)
+            if freed:
+                self.redis.decrby(self.dead_letter_bytes_key, freed)
+            start = "(" + _text(page[-1][0])
+
+    def dead_letter_bytes(self) -> int:
+        """Bytes of the dead letters' fields, as counted."""
+        return int(self.redis.get(self.dead_letter_bytes_key) or 0)
 
     def dead_letters(self) -> int:
         """Jobs in the dead-letter stream."""
@@ -338,6 +381,15 @@ def _delivery(entry_id: Any, fields: Any, deliveries: int) -> Delivery:
         return Delivery(_text(entry_id), raw, ScoreRequest.from_json(raw), None, deliveries)
     except ValueError as exc:
         return Delivery(_text(entry_id), raw, None, str(exc), deliveries)
+
+
+def _letter_bytes(fields: Any) -> int:
+    """Bytes of a stream entry's field names and values (what the byte bound counts)."""
+    return sum(len(_raw(key)) + len(_raw(value)) for key, value in fields.items())
+
+
+def _raw(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
 
 
 def _text(value: Any) -> str:
