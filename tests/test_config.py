@@ -166,7 +166,7 @@ def test_local_repack_setting_reaches_the_model(monkeypatch):
 
 # ------------------------------------------------------------------------------ issue 35, item 8
 
-_ENV_FIELDS = [spec for spec in FIELDS if spec.env is not None and spec.name != "calibration"]
+_ENV_FIELDS = [spec for spec in FIELDS if spec.env is not None]
 
 
 def _env_values() -> "st.SearchStrategy[str]":

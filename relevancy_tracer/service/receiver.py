@@ -14,7 +14,13 @@ refusals. Answers, as the OTLP specification lays them out:
   retryable, so exporters and Collectors re-send; counted (``relevancy.service.refused``);
 * not an OTLP trace export (bad protobuf, JSON that is not an object or nests too deeply, corrupt
   gzip): 400 / ``INVALID_ARGUMENT``; wrong Content-Type or Content-Encoding: 415;
-* above ``max_request_bytes``, received or once decompressed: 413 / ``RESOURCE_EXHAUSTED``;
+* above ``max_request_bytes``, received or once decompressed, or a request whose decoding would
+  take more memory than the whole decoding budget (``DECODE_BUDGET_FACTOR`` x
+  ``max_request_bytes``; e.g. millions of empty spans): 413 / ``RESOURCE_EXHAUSTED``;
+* no room in the decoding budget within ``body_timeout`` (other requests being decoded): 503 /
+  ``UNAVAILABLE`` with ``Retry-After: 1``;
+* the receiver stopping while the request is being decoded: 503 / ``UNAVAILABLE`` with
+  ``Retry-After: 1``;
 * no or a wrong ``Authorization: Bearer <token>`` when a token is set: 401 /
   ``UNAUTHENTICATED`` (gRPC: from the call's metadata, before its message is read);
 * a malformed HTTP request (bad ``Content-Length``, bad chunk framing, header lines too long):
@@ -294,8 +300,9 @@ class OTLPServer:
         host: bind address. http_port, grpc_port: ports (0: a free port; None: that protocol off).
         retry_after: ``retry_after() -> int`` seconds for refusals. on_refusal: ``fn(protocol,
             reason)`` for each retryable refusal; protocol ``"http"`` or ``"grpc"``, reason
-            ``"queue_full"`` (429 / UNAVAILABLE), ``"too_many_connections"`` (503 on connect) or
-            ``"too_many_requests"`` (503: no body slot within ``body_timeout``).
+            ``"queue_full"`` (429 / UNAVAILABLE), ``"too_many_connections"`` (503 on connect),
+            ``"too_many_requests"`` (503: no body slot within ``body_timeout``) or
+            ``"decoding_budget"`` (503: no room in the decoding budget within ``body_timeout``).
         token: when set, every export request must carry ``Authorization: Bearer <token>``
             (HTTP header, gRPC metadata); ``/healthz`` stays open.
         tls_cert, tls_key: PEM files; both set: HTTPS and gRPC over TLS.
