@@ -201,18 +201,24 @@ def test_redis_at_maxmemory_loses_nothing_and_scores_nothing_twice(server, backe
 
 
 def test_a_worker_started_while_redis_is_full_waits_and_then_consumes(server, backend, redis_server, client, caplog):
-    """Issue 35, item 6: a worker (and a receiver's queue) started while Redis is at
+    """Issue 35, item 6: a worker (and ``serve --queue``) started while Redis is at
     ``maxmemory`` and the consumer group does not exist yet (XGROUP CREATE refused) starts,
-    says why it waits, retries, and consumes once memory frees."""
+    says why it waits, retries, and consumes once memory frees; ``serve`` refuses exports
+    (retryable) meanwhile, its log quoting no job text."""
     import logging
 
-    from relevancy_tracer.service.queue import RedisStreamQueue
+    from relevancy_tracer.service import ScoringService
 
     pending = job(0)
     enqueue(client, [pending])  # the stream exists, its group does not
     client.config_set("maxmemory", "1")
     with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
-        RedisStreamQueue(redis_server.url).close()  # as serve --queue starts: no exception
+        service = ScoringService(openai_settings(server), queue_url=redis_server.url, http_port=None, grpc_port=None)  # no exception
+        try:
+            assert not service.accept(_shared_retriever_request(2, "A secret document.")).accepted
+        finally:
+            service.stop(5)
+        assert "secret" not in caplog.text and "Where is city" not in caplog.text
         with workers(redis_server.url, openai_settings(server), claim_idle=0.2) as (worker,):
             wait_until(lambda: "retrying in" in caplog.text, 30, "the worker to retry")
             client.config_set("maxmemory", "0")

@@ -264,7 +264,7 @@ class ScoringService:
             try:
                 ok = self.queue.offer(requests)
             except Exception as exc:  # Redis down: refuse (retryable) rather than lose the spans
-                logger.warning("relevancy-tracer: queueing on Redis failed (%s: %s); the request is refused (retryable)", type(exc).__name__, exc)
+                logger.warning("relevancy-tracer: queueing on Redis failed (%s); the request is refused (retryable)", describe_redis_error(exc))
                 ok = False
         else:
             assert self.jobs is not None and self.scorer is not None

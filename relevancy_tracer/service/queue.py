@@ -367,10 +367,18 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def describe_redis_error(exc: BaseException) -> str:
-    """A one-line account of a Redis error for the logs (what to do when it is at ``maxmemory``)."""
+    """A one-line account of a Redis error for the logs (what to do when it is at ``maxmemory``),
+    never quoting a command's arguments (they hold user text)."""
+    import redis
+
     if is_out_of_memory(exc):
         return OUT_OF_MEMORY
-    return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return f"{type(exc).__name__}: {exc}"  # host and port, no payload
+    # a reply error of a pipeline quotes the command and its arguments (job texts): only the
+    # server's reason is kept
+    reason = str(exc).rpartition("caused error: ")[2] if isinstance(exc, redis.ResponseError) else ""
+    return f"{type(exc).__name__}: {reason[:200]}" if reason else type(exc).__name__
 
 
 def _delivery(entry_id: Any, fields: Any, deliveries: int) -> Delivery:
