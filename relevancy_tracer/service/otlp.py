@@ -185,7 +185,7 @@ class DecodeBudget:
     def acquire(self, amount: int, timeout: float) -> bool:
         """Hold ``amount`` bytes, waiting up to ``timeout`` s; False when there was no room."""
         if amount > self.capacity:
-            raise RequestTooLarge(f"decoding it would take about {amount >> 20} MiB, above the decoding budget of {self.capacity >> 20} MiB (32 x max_request_bytes)")
+            raise RequestTooLarge(f"decoding it would take about {amount >> 20} MiB, above the receiver's decoding budget of {self.capacity >> 20} MiB (32 x max_request_bytes)")
         with self._room:
             if not self._room.wait_for(lambda: self.held + amount <= self.capacity, timeout):
                 return False

@@ -16,7 +16,7 @@ refusals. Answers, as the OTLP specification lays them out:
   gzip): 400 / ``INVALID_ARGUMENT``; wrong Content-Type or Content-Encoding: 415;
 * above ``max_request_bytes``, received or once decompressed, or a request whose decoding would
   take more memory than the whole decoding budget (``DECODE_BUDGET_FACTOR`` x
-  ``max_request_bytes``; e.g. millions of empty spans): 413 / ``RESOURCE_EXHAUSTED``;
+  ``max_request_bytes``, at least 64 MiB; e.g. millions of empty spans): 413 / ``RESOURCE_EXHAUSTED``;
 * no room in the decoding budget within ``body_timeout`` (other requests being decoded): 503 /
   ``UNAVAILABLE`` with ``Retry-After: 1``;
 * the receiver stopping while the request is being decoded: 503 / ``UNAVAILABLE`` with
@@ -66,6 +66,8 @@ def _setting_default(name: str) -> Any:
 #: The decoding budget (:class:`~relevancy_tracer.service.otlp.DecodeBudget`) in units of
 #: ``max_request_bytes``: the largest request of spans without attributes fits alone.
 DECODE_BUDGET_FACTOR = 32
+#: The smallest decoding budget, bytes (small ``max_request_bytes`` values).
+MIN_DECODE_BUDGET = 64 * 1024 * 1024
 
 #: Default bound of a request body and of its decompressed size (see ``max_request_bytes``).
 DEFAULT_MAX_REQUEST_BYTES = _setting_default("max_request_bytes")
@@ -346,8 +348,9 @@ class OTLPServer:
         self._slots: Optional[asyncio.Semaphore] = None
         self._pool: Optional[_DaemonPool] = None
         self._stopping: Optional[asyncio.Event] = None
-        #: decoding memory of the requests in flight: 32 x max_request_bytes (512 MiB at the default)
-        self._budget: Optional[DecodeBudget] = DecodeBudget(DECODE_BUDGET_FACTOR * limits.max_request_bytes)
+        #: decoding memory of the requests in flight: 32 x max_request_bytes (512 MiB at the
+        #: default), at least 64 MiB
+        self._budget: Optional[DecodeBudget] = DecodeBudget(max(MIN_DECODE_BUDGET, DECODE_BUDGET_FACTOR * limits.max_request_bytes))
         self._grpc: Any = None
         self.http_port: Optional[int] = None
         self.grpc_port: Optional[int] = None
@@ -583,7 +586,7 @@ class OTLPServer:
             self.count_refusal("http", "decoding_budget")
             return error(503, UNAVAILABLE, "the receiver's decoding memory is taken by other requests; retry later", {"Retry-After": "1"})
         if isinstance(outcome, RequestTooLarge):
-            return error(413, RESOURCE_EXHAUSTED, f"{outcome} (max_request_bytes)")
+            return error(413, RESOURCE_EXHAUSTED, str(outcome))
         if isinstance(outcome, OTLPDecodeError):
             return error(400, INVALID_ARGUMENT, str(outcome))
         return error(500, INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
@@ -727,7 +730,7 @@ class OTLPServer:
             context.set_trailing_metadata((("retry-after", "1"),))
             await _abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver's decoding memory is taken by other requests; retry later")
         if isinstance(outcome, RequestTooLarge):
-            await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"{outcome} (max_request_bytes)")
+            await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(outcome))
         if isinstance(outcome, OTLPDecodeError):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(outcome))
         if not isinstance(outcome, Admission):
