@@ -590,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (default 4317; 0: a free port)")
     serve.add_argument("--queue", help="redis://HOST:PORT/DB: queue jobs on a Redis Stream for `relevancy-tracer worker` processes (default: score in this process)")
     serve.add_argument("--phoenix-url", help="also write scores as Phoenix span annotations (default: RELEVANCY_TRACER_PHOENIX_URL)")
-    serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds to finish queued evaluations on SIGTERM (default 30)")
+    serve.add_argument("--shutdown-timeout", type=float, default=20.0, help="seconds to stop on SIGTERM: requests in flight (2 s of it), then queued evaluations and the exporters (default 20: the exit stays inside Kubernetes' 30 s grace period)")
     serve.add_argument("--tls-cert", help="PEM certificate (chain): serve OTLP/HTTP as HTTPS and OTLP/gRPC over TLS (with --tls-key)")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--allow-unauthenticated", action="store_true", help="listen on a non-loopback --host without RELEVANCY_TRACER_SERVICE_TOKEN (only behind a Collector or proxy that authenticates)")

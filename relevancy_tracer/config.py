@@ -55,6 +55,12 @@ EVIDENCE_THRESHOLDS = (0.0, -0.5, -4.0)
 #: Seed 000's combination weights (reverse-question, direct, decomposition, intent).
 DEFAULT_COMBINED_WEIGHTS = (("ragas", 0.3), ("direct", 0.25), ("decomposition", 0.25), ("intent", 0.2))
 
+#: Largest 32-bit signed int: gRPC's channel options (message sizes, milliseconds) are C ints.
+MAX_INT32 = (1 << 31) - 1
+#: Largest receiver time bound in seconds (a day): ``receiver_idle_timeout`` x 10 in
+#: milliseconds stays a 32-bit gRPC option.
+MAX_RECEIVER_SECONDS = 86_400.0
+
 #: The relevancy methods the ``method`` setting accepts, in the order they are documented:
 #: name -> whether it may be a component of ``combined_weights``. Filled by
 #: :func:`register_method` from the method registry (``relevancy_tracer.scoring.methods``).
@@ -184,10 +190,11 @@ def _check_number(
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a number; got {type(value).__name__}")
-        if integer and not float(value).is_integer():
-            raise ValueError(f"{name} must be an integer; got {value!r}")
-        if not math.isfinite(value):
+        # an int of any size is compared exactly (float() of a 400-digit int overflows)
+        if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{name} must be finite; got {value!r}")
+        if integer and isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{name} must be an integer; got {value!r}")
         if minimum is not None and value < minimum:
             raise ValueError(f"{name} must be >= {minimum}; got {value!r}")
         if maximum is not None and value > maximum:
@@ -385,10 +392,10 @@ class Settings:
     on_result: Optional[Callable[[Any], None]] = setting(None, "callable", "", "`fn(EvaluationOutcome)`, called in the worker after each evaluation ends (scored or not); exceptions are logged. Argument only.", None, _check_optional_callable)
     phoenix_url: Optional[str] = setting(None, "URL", "", "Also write each score as a Phoenix span annotation (`answer_relevancy`, upserted by evaluation id) to the Phoenix at this URL; API key from `PHOENIX_API_KEY`. Used by the decorator, `serve`, `worker` and `backfill`.", _parse_optional_str, _check_optional_str)
     service_token: Optional[str] = setting(None, "str", "", "Bearer token `serve` requires on every export request (`Authorization: Bearer <token>`, which OpenTelemetry exporters send with `OTEL_EXPORTER_OTLP_HEADERS`); others get 401 / UNAUTHENTICATED. Without one, `serve` listens on a non-loopback address only with `--allow-unauthenticated`.", _parse_optional_str, _check_optional_str, repr=False)
-    max_request_bytes: int = setting(16 * 1024 * 1024, "int", "bytes", "Largest OTLP export request `serve` takes, as received and once decompressed (413 / RESOURCE_EXHAUSTED above). 16 MiB holds an SDK export batch (512 spans) whose spans carry 32 KB of text each, 4x gRPC's customary 4 MiB message limit, and bounds what one request costs in memory.", int, _check_number(1024, 1 << 31, integer=True))
+    max_request_bytes: int = setting(16 * 1024 * 1024, "int", "bytes", "Largest OTLP export request `serve` takes, as received and once decompressed (413 / RESOURCE_EXHAUSTED above). 16 MiB holds an SDK export batch (512 spans) whose spans carry 32 KB of text each, 4x gRPC's customary 4 MiB message limit, and bounds what one request costs in memory. At most 2^31 - 1 (gRPC's message limit is a 32-bit int).", int, _check_number(1024, MAX_INT32, integer=True))
     receiver_max_connections: int = setting(256, "int", "connections", "`serve`: OTLP/HTTP connections open at once (more get 503 at once), and gRPC calls in progress at once (more get RESOURCE_EXHAUSTED).", int, _check_number(1, 1_000_000, integer=True))
-    receiver_idle_timeout: float = setting(15.0, "float", "s", "`serve`: a connection that sends no complete request head this long after it opened or after its last response is closed (slow-header clients); idle gRPC connections close after 10x this.", float, _check_number(0.001), normalise=_as_float)
-    receiver_body_timeout: float = setting(30.0, "float", "s", "`serve`: longest time to receive one request body (HTTP 408 after), and longest wait for a decoding turn (503 with `Retry-After` after).", float, _check_number(0.001), normalise=_as_float)
+    receiver_idle_timeout: float = setting(15.0, "float", "s", "`serve`: a connection that sends no complete request head this long after it opened or after its last response is closed (slow-header clients); idle gRPC connections close after 10x this. At most 86400 (gRPC's idle option is 32-bit milliseconds).", float, _check_number(0.001, MAX_RECEIVER_SECONDS), normalise=_as_float)
+    receiver_body_timeout: float = setting(30.0, "float", "s", "`serve`: longest time to receive one request body (HTTP 408 after), and longest wait for a decoding turn (503 with `Retry-After` after); gRPC: longest time to receive one request message after the call opened (DEADLINE_EXCEEDED after). At most 86400.", float, _check_number(0.001, MAX_RECEIVER_SECONDS), normalise=_as_float)
     receiver_max_inflight: int = setting(8, "int", "requests", "`serve`: request bodies read and decoded at once (HTTP), gRPC handler threads. Bounds the receiver's memory at about `receiver_max_inflight` x 2 x `max_request_bytes` plus the decoded messages.", int, _check_number(1, 1024, integer=True))
     join_ttl: float = setting(30.0, "float", "s", "`serve`: how long half of a GenAI call waits for its other half: a span whose content travels as OTLP log events (`gen_ai.user.message`, `gen_ai.choice`, `gen_ai.client.inference.operation.details`), or those events waiting for their span. Expired halves are counted by reason (`relevancy.service.join.expired`).", float, _check_number(0.001), normalise=_as_float)
     join_max_entries: int = setting(10_000, "int", "calls", "`serve`: most half-joined GenAI calls held at once (their held text is also bounded, by 4 x `max_request_bytes` characters); the oldest is dropped and counted (reason `evicted`) to make room.", int, _check_number(1, 10_000_000, integer=True))
@@ -490,10 +497,17 @@ def _from_env(spec: FieldSpec, env: Mapping[str, str]) -> Any:
             value = spec.normalised(spec.parse(raw))
             spec.check(spec.name, value)
             return value
-        except (TypeError, ValueError) as exc:
-            logger.warning("relevancy-tracer: ignoring %s=%r (%s); using the default", env_name, raw, exc)
+        except Exception as exc:  # ValueError, OverflowError, ...: the environment never raises
+            shown = raw if len(raw) <= 80 else raw[:80] + f"... ({len(raw)} characters)"
+            logger.warning("relevancy-tracer: ignoring %s=%r (%s); using the default", env_name, shown, _short(exc))
             return _MISSING
     return _MISSING
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message cut to ``limit`` characters (it may quote a huge value)."""
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _default_doc(spec: FieldSpec, default: Any) -> str:

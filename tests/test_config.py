@@ -162,3 +162,65 @@ def test_local_repack_setting_reaches_the_model(monkeypatch):
     assert build_llm(settings.replace(local_host=False))._repack == "off"  # in process
     monkeypatch.setenv("RELEVANCY_TRACER_LOCAL_REPACK", "maybe")
     assert Settings.resolve().local_repack == "auto"  # a bad environment value warns and falls back
+
+
+# ------------------------------------------------------------------------------ issue 35, item 8
+
+_ENV_FIELDS = [spec for spec in FIELDS if spec.env is not None]
+
+
+def _env_values() -> "st.SearchStrategy[str]":
+    from hypothesis import strategies as st
+
+    digits = st.integers(min_value=1, max_value=5000).map(lambda n: "9" * n)
+    numbers = st.one_of(st.integers().map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr), digits, digits.map(lambda d: "-" + d), digits.map(lambda d: d + ".5"), digits.map(lambda d: "1e" + d[:6]))
+    return st.one_of(numbers, st.text(max_size=50), st.lists(numbers, min_size=1, max_size=4).map(",".join), st.builds(lambda n, w: f"{n}={w}", st.sampled_from(["ragas", "direct", "x"]), numbers))
+
+
+def test_no_environment_value_makes_resolving_raise():
+    """Issue 35, item 8: any string in any setting's variable (a 400-digit integer, 1e999,
+    text) resolves, warning and falling back to the default when it is not valid; never an
+    OverflowError or any other exception."""
+    from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+    default = Settings.resolve(environ={})
+
+    @hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(spec=st.sampled_from(_ENV_FIELDS), raw=_env_values())
+    def resolves(spec, raw):
+        resolved = Settings.resolve(environ={spec.env: raw})
+        value = getattr(resolved, spec.name)
+        if value != getattr(default, spec.name):
+            spec.check(spec.name, value)  # taken: a valid value
+
+    resolves()
+    assert Settings.resolve(environ={"RELEVANCY_TRACER_QUEUE_SIZE": "9" * 400}).queue_size == default.queue_size
+
+
+def test_configure_never_raises_for_a_huge_integer_in_the_environment(tracing, monkeypatch, caplog):
+    monkeypatch.setenv("RELEVANCY_TRACER_QUEUE_SIZE", "9" * 400)
+    monkeypatch.setenv("RELEVANCY_TRACER_MAX_CONTEXT_CHARS", "1" + "0" * 400)
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        settings = tracing()
+    assert settings.queue_size == 1000 and settings.max_context_chars == 32000
+    assert "RELEVANCY_TRACER_QUEUE_SIZE" in caplog.text and "400 characters" in caplog.text
+
+
+def test_every_receiver_setting_the_validator_accepts_starts_the_servers(monkeypatch):
+    """Issue 35, item 8: the largest values the settings accept are values grpcio and aiohttp
+    take (gRPC's options are 32-bit); one past them is refused with a warning, not a crash."""
+    from relevancy_tracer.service.app import ScoringService
+
+    for name in ("TRACES", "LOGS", "METRICS"):
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    largest = {"RELEVANCY_TRACER_MAX_REQUEST_BYTES": str(2**31 - 1), "RELEVANCY_TRACER_RECEIVER_IDLE_TIMEOUT": "86400", "RELEVANCY_TRACER_RECEIVER_BODY_TIMEOUT": "86400", "RELEVANCY_TRACER_RECEIVER_MAX_CONNECTIONS": "1000000", "RELEVANCY_TRACER_RECEIVER_MAX_INFLIGHT": "1024", "RELEVANCY_TRACER_QUEUE_SIZE": "10000000"}
+    past = {"RELEVANCY_TRACER_MAX_REQUEST_BYTES": str(2**31), "RELEVANCY_TRACER_RECEIVER_IDLE_TIMEOUT": "250000", "RELEVANCY_TRACER_RECEIVER_BODY_TIMEOUT": "1e300"}
+    for env in (largest, past):
+        settings = Settings.resolve(environ=dict(env, RELEVANCY_TRACER_LLM="openai", RELEVANCY_TRACER_EMBEDDINGS="openai"))
+        if env is largest:
+            assert settings.max_request_bytes == 2**31 - 1 and settings.receiver_idle_timeout == 86400
+        service = ScoringService(settings, http_port=0, grpc_port=0).start()
+        try:
+            assert service.server.http_port and service.server.grpc_port
+        finally:
+            service.stop(5.0)

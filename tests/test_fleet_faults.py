@@ -173,6 +173,66 @@ def test_redis_restarted_empty_while_a_worker_runs(server, backend, redis_server
     assert set(by_id) == {before.evaluation_id, after.evaluation_id} and all(len(v) == 1 for v in by_id.values())
 
 
+def test_redis_at_maxmemory_loses_nothing_and_scores_nothing_twice(server, backend, redis_server, client, caplog):
+    """Issue 35, item 6: Redis at ``maxmemory`` refuses every MULTI, SET and XADD. The worker
+    still acknowledges each scored job (XACK + XDEL, allowed and freeing memory; the done
+    marker skipped): 3 jobs, 3 model calls, 3 EVALUATOR spans. The poison job it cannot move
+    to the dead-letter stream stays pending, is retried, and is moved once memory frees."""
+    import logging
+
+    jobs = [job(i) for i in range(3)]
+    poison = dict(json.loads(job(3).to_json()), question=123)
+    enqueue(client, [*jobs, poison])
+    client.xgroup_create(STREAM, "relevancy-tracer-workers", id="0")
+    client.config_set("maxmemory", "1")  # every write that may grow memory is refused from now on
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        with workers(redis_server.url, openai_settings(server), claim_idle=0.2) as (worker,):
+            wait_until(lambda: worker.scored == 3 and client.xlen(STREAM) == 1, 30, "the 3 jobs scored and acknowledged at maxmemory")
+            assert client.xlen(DEAD_LETTER) == 0 and worker.dead_lettered == 0
+            wait_until(lambda: _all_delivered(client, 1, 2), 30, "the poison job retried")
+            client.config_set("maxmemory", "0")
+            wait_until(lambda: settled(client, dead=1), 30, "the poison job dead-lettered once memory freed")
+    assert worker.scored == 3 and worker.dead_lettered == 1
+    assert len(server.requests_to("chat")) == 3  # each job evaluated once
+    by_id = evaluations_by_id(backend, 3)
+    assert set(by_id) == {j.evaluation_id for j in jobs} and all(len(v) == 1 for v in by_id.values())
+    assert "Redis is out of memory" in caplog.text and "acknowledged without its done marker" in caplog.text and "stays pending" in caplog.text
+    assert not _redis_tracebacks(caplog)
+
+
+def test_a_worker_started_while_redis_is_full_waits_and_then_consumes(server, backend, redis_server, client, caplog):
+    """Issue 35, item 6: a worker (and ``serve --queue``) started while Redis is at
+    ``maxmemory`` and the consumer group does not exist yet (XGROUP CREATE refused) starts,
+    says why it waits, retries, and consumes once memory frees; ``serve`` refuses exports
+    (retryable) meanwhile, its log quoting no job text."""
+    import logging
+
+    from relevancy_tracer.service import ScoringService
+
+    pending = job(0)
+    enqueue(client, [pending])  # the stream exists, its group does not
+    client.config_set("maxmemory", "1")
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        service = ScoringService(openai_settings(server), queue_url=redis_server.url, http_port=None, grpc_port=None)  # no exception
+        try:
+            assert not service.accept(_shared_retriever_request(2, "A secret document.")).accepted
+        finally:
+            service.stop(5)
+        assert "secret" not in caplog.text and "Where is city" not in caplog.text
+        with workers(redis_server.url, openai_settings(server), claim_idle=0.2) as (worker,):
+            wait_until(lambda: "retrying in" in caplog.text, 30, "the worker to retry")
+            client.config_set("maxmemory", "0")
+            wait_until(lambda: settled(client), 30, "the job scored once memory freed")
+    assert worker.scored == 1 and list(evaluations_by_id(backend, 1)) == [pending.evaluation_id]
+    assert "Redis is out of memory" in caplog.text and not _redis_tracebacks(caplog)
+
+
+def _redis_tracebacks(caplog: Any) -> list[str]:
+    """The worker's and the queue's log records about Redis that carry a traceback."""
+    words = ("Redis", "step failed", "acknowledg", "dead-letter", "consumer group")
+    return [r.getMessage() for r in caplog.records if r.exc_info and any(w in r.getMessage() for w in words)]
+
+
 def _offered(producer: Any, request: ScoreRequest) -> bool:
     try:
         return producer.offer([request])
@@ -351,3 +411,140 @@ def test_a_queued_job_is_either_valid_or_rejected_with_a_reason(changes, dropped
     assert all(isinstance(getattr(request, name), str) for name in ("question", "answer", "span_name", "service_name", "method"))
     int(request.trace_id, 16), int(request.span_id, 16), int(request.evaluation_id, 16)
     assert ScoreRequest.from_json(request.to_json()) == request
+
+
+# ------------------------------------------------------------------------------ shutdown (issue 35, item 9)
+
+
+def test_sigterm_while_requests_wait_on_a_stalled_redis_answers_them_and_exits_cleanly(server, backend, redis_server, tmp_path):
+    """SIGTERM while an HTTP and a gRPC export wait on a Redis that stopped answering
+    (SIGSTOP): both get a retryable answer (503 with Retry-After / UNAVAILABLE), serve exits 0
+    well inside Kubernetes' 30 s grace, and logs no traceback ("Task was destroyed", "Event loop
+    is closed" before)."""
+    import signal
+
+    import grpc
+
+    from .test_service_faults import TOKEN, TRACES, chain_span, export_request, start_serve
+
+    serve = start_serve(tmp_path, server, backend, "--queue", redis_server.url)
+    body = export_request(chain_span("Is Redis answering?", "No.")).SerializeToString()
+    answers: dict[str, Any] = {}
+
+    def post() -> None:
+        status, headers, _ = serve.post(body, timeout=60)
+        answers["http"] = (status, headers.get("Retry-After"))
+
+    def call() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{serve.grpc_port}") as channel:
+            try:
+                channel.unary_unary("/" + TRACES)(body, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=60)
+                answers["grpc"] = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                answers["grpc"] = exc.code()
+
+    os.kill(redis_server._proc.pid, signal.SIGSTOP)
+    try:
+        clients = [threading.Thread(target=post), threading.Thread(target=call)]
+        for thread in clients:
+            thread.start()
+        # both requests wait in the queue's XLEN: one on the pool's connection, one on a new one
+        wait_until(lambda: redis_connections(serve.proc.pid, redis_server.port) >= 2, 20, "both requests to wait on Redis")
+        serve.proc.send_signal(signal.SIGTERM)
+        serve.proc.wait(25)  # raises TimeoutExpired past the bound
+        for thread in clients:
+            thread.join(30)
+    finally:
+        os.kill(redis_server._proc.pid, signal.SIGCONT)
+        if serve.proc.poll() is None:
+            serve.proc.kill()
+    output = serve.log.read_text()
+    assert serve.proc.returncode == 0, output[-3000:]
+    assert answers == {"http": (503, "1"), "grpc": grpc.StatusCode.UNAVAILABLE}, (answers, output[-3000:])
+    assert "Traceback" not in output and "Task was destroyed" not in output and "Event loop is closed" not in output, output[-5000:]
+    assert "stopped (" in output
+
+
+def redis_connections(pid: int, port: int) -> int:
+    """TCP connections process ``pid`` holds to Redis on ``port`` (its pool opens one per
+    command in flight)."""
+    import psutil
+
+    return sum(1 for c in psutil.Process(pid).net_connections("tcp") if c.raddr and c.raddr.port == port)
+
+
+# ------------------------------------------------------------------------------ contexts (issue 35, item 4)
+
+
+def _shared_retriever_request(roots: int, document: str) -> Any:
+    """One trace: a RETRIEVER span with ``document`` and ``roots`` CHAIN root spans (each a
+    candidate whose contexts are the trace's retrieved documents)."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.proto.common.v1 import common_pb2
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    def kv(key: str, value: str) -> Any:
+        return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(string_value=value))
+
+    trace_id = os.urandom(16)
+    spans = [trace_pb2.Span(trace_id=trace_id, span_id=os.urandom(8), name="retrieve", attributes=[kv("openinference.span.kind", "RETRIEVER"), kv("retrieval.documents.0.document.content", document)])]
+    spans += [trace_pb2.Span(trace_id=trace_id, span_id=os.urandom(8), name="answer", attributes=[kv("openinference.span.kind", "CHAIN"), kv("input.value", f"Where is city {i}?"), kv("output.value", f"City {i} is in France.")]) for i in range(roots)]
+    return trace_service_pb2.ExportTraceServiceRequest(resource_spans=[trace_pb2.ResourceSpans(scope_spans=[trace_pb2.ScopeSpans(spans=spans)])])
+
+
+def test_contexts_shared_by_a_traces_spans_are_stored_once_on_the_stream(server, redis_server, client, monkeypatch):
+    """5,000 root spans of one trace share its RETRIEVER documents (32 KB): one stored copy
+    (Redis +164 MB before: a copy per job), read back with each job, deleted with the last
+    job's acknowledgement; the stored copy counts against the queue bound."""
+    from relevancy_tracer.service import ScoringService
+    from relevancy_tracer.service.queue import RedisStreamQueue
+
+    contexts_prefix = "relevancy-tracer:contexts:"
+    for name in ("TRACES", "LOGS", "METRICS"):
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    document = "Paris is the capital of France. " * 1000  # 32 KB
+    service = ScoringService(openai_settings(server, queue_size=1000, max_context_chars=40_000), queue_url=redis_server.url, http_port=None, grpc_port=None)
+    try:
+        before = client.info("memory")["used_memory"]
+        assert service.accept(_shared_retriever_request(5000, document)).accepted
+        grown = client.info("memory")["used_memory"] - before
+        assert client.xlen(STREAM) == 5000 and grown < 8 * 2**20, grown  # 5,000 jobs of ~300 bytes, one document
+        (key,) = client.keys(contexts_prefix + "*")
+        assert client.hget(key, "refs") == b"5000"
+        assert not service.accept(_shared_retriever_request(1, document)).accepted  # 5,000 + 1 job + 1 stored list > 1,000
+        client.delete(STREAM, key)
+        assert service.accept(_shared_retriever_request(3, document)).accepted
+    finally:
+        service.stop(5)
+    queue = RedisStreamQueue(redis_server.url)
+    try:
+        deliveries = queue.read("reader", 10, 100)
+        assert len(deliveries) == 3 and all(d.request.contexts == [document] for d in deliveries)
+        assert all(len(d.job) < 1000 for d in deliveries)  # the job carries the contexts' id, not the text
+        (key,) = client.keys(contexts_prefix + "*")
+        for delivery in deliveries:
+            assert client.exists(key)
+            queue.ack(delivery.entry_id, delivery.request.evaluation_id, delivery.request.contexts_id)
+        assert not client.keys(contexts_prefix + "*") and client.xlen(STREAM) == 0
+    finally:
+        queue.close()
+
+
+def test_dead_letters_are_bounded_in_bytes(redis_server, client):
+    """Issue 35, item 5: dead letters were bounded by count only (100,000 x 41 KB = 4.1 GB of
+    Redis at the default budgets); now also by the bytes of their fields: 60 letters of 41 KB
+    against a 1 MiB bound keep the newest that fit, and the count matches what is stored."""
+    from relevancy_tracer.service.queue import RedisStreamQueue
+
+    queue = RedisStreamQueue(redis_server.url, dead_letter_max_bytes=1024 * 1024)
+    try:
+        enqueue(client, [b"x" * 41_000 + b"%d" % i for i in range(60)])  # malformed: not JSON
+        for delivery in queue.read("worker", 60, 100):
+            queue.dead_letter(delivery, "malformed job: not JSON", "worker")
+        stored = client.xrange(DEAD_LETTER)
+        size = sum(len(k) + len(v) for _, fields in stored for k, v in fields.items())
+        assert size <= 1024 * 1024 and len(stored) >= 20, (size, len(stored))
+        assert stored[-1][1][b"job"].endswith(b"x59") and queue.dead_letter_bytes() == size
+        assert client.xlen(STREAM) == 0  # every job acknowledged
+    finally:
+        queue.close()

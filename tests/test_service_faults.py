@@ -142,14 +142,16 @@ def start_serve(tmp: Path, model: FakeOpenAIServer, backend: OTLPReceiver, *args
     log = tmp / f"serve-{http_port}.log"
     environment = subprocess_env(
         fake_model_env(model),
-        RELEVANCY_TRACER_METHOD="ragas",
-        RELEVANCY_TRACER_SERVICE_TOKEN=TOKEN,
-        RELEVANCY_TRACER_MAX_REQUEST_BYTES=str(MAX_BYTES),
-        OTEL_EXPORTER_OTLP_ENDPOINT=backend.http_endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-        OTEL_METRICS_EXPORTER="none",
-        OTEL_BSP_SCHEDULE_DELAY="200",
-        **env,
+        dict(
+            RELEVANCY_TRACER_METHOD="ragas",
+            RELEVANCY_TRACER_SERVICE_TOKEN=TOKEN,
+            RELEVANCY_TRACER_MAX_REQUEST_BYTES=str(MAX_BYTES),
+            OTEL_EXPORTER_OTLP_ENDPOINT=backend.http_endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_BSP_SCHEDULE_DELAY="200",
+        ),
+        env,
     )
     command = [str(Path(sys.executable).parent / "relevancy-tracer"), "serve", "--http-port", str(http_port), "--grpc-port", str(grpc_port), *args]
     proc = subprocess.Popen(command, env=environment, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
@@ -337,6 +339,129 @@ def test_grpc_answers_invalid_argument_for_undecodable_requests_and_resource_exh
     assert serve.alive()
 
 
+def stalled_calls(port: int, count: int, metadata: tuple) -> tuple[Any, threading.Event, list]:
+    """``count`` OTLP/gRPC Export calls that open and never send their message (the request
+    iterator blocks until the returned event is set): (channel, release event, call futures)."""
+    import grpc
+
+    release = threading.Event()
+
+    def never() -> Iterator[bytes]:
+        release.wait(120)
+        return
+        yield b""  # a generator
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stall = channel.stream_unary("/" + TRACES, request_serializer=None, response_deserializer=None)
+    return channel, release, [stall.future(never(), metadata=metadata, timeout=60) for _ in range(count)]
+
+
+def test_grpc_calls_that_never_send_their_message_block_nothing(serve):
+    """Issue 35, item 2: 12 unauthenticated gRPC calls that open and never send their message
+    (more than the 8 decoding slots) are refused UNAUTHENTICATED from their metadata, before
+    any message is read, and an authenticated call is served while they hang."""
+    import grpc
+
+    channel, release, stalled = stalled_calls(serve.grpc_port, 12, (("authorization", "Bearer wrong"),))
+    try:
+        body = export_request(chain_span("Is the gRPC receiver blocked?", "No.")).SerializeToString()
+        assert grpc_call(serve, body)[0] == grpc.StatusCode.OK
+        for call in stalled:
+            assert call.exception(30).code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        release.set()
+        channel.close()
+    assert serve.alive()
+
+
+def test_an_authenticated_grpc_call_whose_message_never_arrives_is_cut_at_the_body_timeout(no_exports):
+    """A trusted sender's stalled calls hold a decoding slot for ``body_timeout`` at most
+    (DEADLINE_EXCEEDED from the server, not the client's deadline), then a call is served;
+    no thread is held per waiting call."""
+    import grpc
+
+    from relevancy_tracer.service.receiver import Admission, OTLPServer, ReceiverLimits
+
+    server = OTLPServer(lambda request: Admission(True), http_port=None, grpc_port=0, token=TOKEN, limits=ReceiverLimits(body_timeout=1.0, max_inflight=2)).start()
+    channel, release, stalled = stalled_calls(server.grpc_port, 6, (("authorization", f"Bearer {TOKEN}"),))
+    try:
+        codes = [call.exception(30).code() for call in stalled]
+        # two hold the slots until the body timeout; the others wait for a slot as long
+        assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE} and grpc.StatusCode.DEADLINE_EXCEEDED in codes, codes
+        body = export_request(chain_span("q?", "a.")).SerializeToString()
+        call = channel.unary_unary("/" + TRACES, request_serializer=None, response_deserializer=None)
+        assert call(body, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=10) == b""
+    finally:
+        release.set()
+        channel.close()
+        server.stop(1.0)
+
+
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    """One protobuf field of wire type 2 (length-delimited)."""
+    size, varint = len(payload), bytearray()
+    while True:
+        varint.append((size & 0x7F) | (0x80 if size > 0x7F else 0))
+        size >>= 7
+        if not size:
+            break
+    return bytes([(field << 3) | 2]) + bytes(varint) + payload
+
+
+def _span_flood(limit: int, span: bytes) -> bytes:
+    """An ExportTraceServiceRequest of ``limit`` bytes at most: one resource and scope holding
+    as many copies of the encoded ``span`` as fit."""
+    item = _length_delimited(2, span)
+    return _length_delimited(1, _length_delimited(2, item * ((limit - 64) // len(item))))
+
+
+def test_concurrent_requests_of_millions_of_tiny_spans_stay_within_the_decoding_budget(model, backend, tmp_path):
+    """Issue 35, item 3, at full size (max_request_bytes 16 MiB, the default): 8 concurrent
+    requests of 559k spans without attributes (3.1 GB of RSS before), then 8 of 8.4M empty spans
+    and 8 OTLP/JSON bodies of 5.6M ``{}``. The decoding memory of requests in flight is held
+    against a budget of 32 x max_request_bytes: a request waits for room (503 with Retry-After
+    after body_timeout), one that would not fit alone is refused for good (413). Peak RSS
+    stays under its start + the budget + the bodies being read (8 x 2 x 16 MiB)."""
+    import psutil
+
+    limit = 16 * 1024 * 1024
+    serve = start_serve(tmp_path, model, backend, RELEVANCY_TRACER_MAX_REQUEST_BYTES=str(limit), RELEVANCY_TRACER_RECEIVER_BODY_TIMEOUT="5")
+    process = psutil.Process(serve.proc.pid)
+    start = process.memory_info().rss
+    peak, watching = [start], threading.Event()
+
+    def watch() -> None:  # samples RSS while the requests run
+        while not watching.wait(0.02):
+            peak[0] = max(peak[0], process.memory_info().rss)
+
+    threading.Thread(target=watch, daemon=True).start()
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    minimal = _span_flood(limit, trace_pb2.Span(trace_id=b"t" * 16, span_id=b"s" * 8).SerializeToString())
+    empty = _span_flood(limit, b"")
+    flood = b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + b",".join([b"{}"] * ((limit - 100) // 3)) + b"]}]}]}"
+    try:
+        for body, content_type, allowed in ((minimal, "application/x-protobuf", {200, 503}), (empty, "application/x-protobuf", {413}), (flood, "application/json", {413})):
+            replies: list = []
+            posts = [threading.Thread(target=lambda: replies.append(serve.post(body, {"Content-Type": content_type}, timeout=120))) for _ in range(8)]
+            for post in posts:
+                post.start()
+            for post in posts:
+                post.join(180)
+            statuses = sorted(status for status, _, _ in replies)
+            assert len(statuses) == 8 and set(statuses) <= allowed, statuses
+            assert all(headers.get("Retry-After") == "1" for status, headers, _ in replies if status == 503)
+            if 200 in allowed:
+                assert 200 in statuses
+            else:
+                assert all(b"decoding budget" in reply for _, _, reply in replies)
+    finally:
+        watching.set()
+        output = stop_serve(serve)
+    assert peak[0] - start < 512 * 2**20 + 8 * 2 * limit, f"peak RSS {peak[0] >> 20} MiB from {start >> 20} MiB"
+    assert "Traceback" not in output, output[-3000:]
+
+
 # ------------------------------------------------------------------------------ authentication
 
 
@@ -469,6 +594,25 @@ def test_tls_on_http_and_grpc(model, backend, certificate, tmp_path):
     finally:
         output = stop_serve(serve)
     assert "TLS, bearer token required" in output
+
+
+def test_an_encrypted_tls_key_is_named_as_such(certificate, tmp_path):
+    """Issue 35, item 16: a passphrase-protected key is refused at start (exit 2) with a message
+    saying so, not OpenSSL's "[Errno 22] Invalid argument"."""
+    from relevancy_tracer.service.receiver import OTLPServer
+
+    from cryptography.hazmat.primitives import serialization
+
+    cert, key = certificate
+    encrypted = tmp_path / "encrypted.key"
+    private = serialization.load_pem_private_key(Path(key).read_bytes(), None)
+    encrypted.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"passphrase")))
+    command = [str(Path(sys.executable).parent / "relevancy-tracer"), "serve", "--grpc-port", "0", "--http-port", "0", "--tls-cert", cert, "--tls-key", str(encrypted)]
+    proc = subprocess.run(command, env=subprocess_env(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none"), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "encrypted" in proc.stderr and str(encrypted) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    with pytest.raises(OSError, match="encrypted"):  # gRPC alone checks the key too
+        OTLPServer(lambda request: None, http_port=None, grpc_port=0, tls_cert=cert, tls_key=str(encrypted)).start()
 
 
 # ------------------------------------------------------------------------------ connections

@@ -35,6 +35,7 @@ from .._background.jobqueue import JobQueue
 from .jobs import ScoreRequest
 from .join import Content, ContentJoin, Held, is_content_event
 from .otlp import log_records_of, spans_of
+from .queue import OUT_OF_MEMORY, describe_redis_error
 from .receiver import Admission, DrainRate, OTLPServer, ReceiverLimits
 from .selection import Candidate, Selection, SpanSelector
 from .telemetry import ServiceTelemetry
@@ -262,8 +263,8 @@ class ScoringService:
         if self.queue is not None:
             try:
                 ok = self.queue.offer(requests)
-            except Exception:  # Redis down: refuse (retryable) rather than lose the spans
-                logger.warning("relevancy-tracer: queueing on Redis failed", exc_info=True)
+            except Exception as exc:  # Redis down: refuse (retryable) rather than lose the spans
+                logger.warning("relevancy-tracer: queueing on Redis failed (%s); the request is refused (retryable)", describe_redis_error(exc))
                 ok = False
         else:
             assert self.jobs is not None and self.scorer is not None
@@ -317,6 +318,12 @@ class ScoringService:
 TRANSIENT_STATUSES = (Status.MODEL_ERROR, Status.TIMEOUT)
 
 
+def _redis_errors() -> tuple:
+    import redis
+
+    return (redis.RedisError,)
+
+
 class FleetWorker:
     """A consumer of the Redis Stream: scores jobs and acknowledges them once exported.
 
@@ -354,6 +361,9 @@ class FleetWorker:
         self.scored = self.skipped = self.reclaimed = self.failed = self.retried = self.dead_lettered = 0
         self._stop = threading.Event()
         self._held: dict[str, float] = {}  # entry id -> monotonic time until which its claim is extended
+        # scored and exported, their acknowledgement failed (Redis unreachable): retried before
+        # new jobs are taken, their claims extended meanwhile so no worker scores them again
+        self._unacked: dict[str, tuple[Optional[str], Optional[str]]] = {}
         self._held_lock = threading.Lock()
         # a held job's claim is extended while it can still be in progress: the evaluation, the
         # writes and the exporters' flush (30 s); after that a wedged worker lets it go
@@ -376,8 +386,11 @@ class FleetWorker:
                 try:
                     handled += loop.run_until_complete(self.step())
                     pause = 1.0
-                except Exception:  # Redis unreachable for a moment: retry, never crash the worker
-                    logger.warning("relevancy-tracer worker: a step failed; retrying in %.0f s", pause, exc_info=True)
+                except Exception as exc:  # Redis unreachable or full for a moment: retry, never crash the worker
+                    if isinstance(exc, _redis_errors()):
+                        logger.warning("relevancy-tracer worker: a step failed (%s); retrying in %.0f s", describe_redis_error(exc), pause)
+                    else:
+                        logger.warning("relevancy-tracer worker: a step failed; retrying in %.0f s", pause, exc_info=True)
                     self._stop.wait(pause)
                     pause = min(30.0, pause * 2)
         finally:
@@ -407,12 +420,18 @@ class FleetWorker:
     def _release(self, deliveries: list) -> None:
         with self._held_lock:
             for delivery in deliveries:
-                self._held.pop(delivery.entry_id, None)
+                if delivery.entry_id not in self._unacked:
+                    self._held.pop(delivery.entry_id, None)
 
     async def step(self, block_ms: int = 500) -> int:
         """Take up to ``concurrency`` jobs (reclaimed ones first), score, write, export and
         acknowledge them; returns how many were taken."""
         count = max(1, self.settings.concurrency)
+        for entry_id, (evaluation_id, contexts_id) in list(self._unacked.items()):  # raises while Redis is unreachable
+            self.queue.ack(entry_id, evaluation_id, contexts_id)
+            del self._unacked[entry_id]
+            with self._held_lock:
+                self._held.pop(entry_id, None)
         deliveries = self.queue.reclaim(self.consumer, count)
         if deliveries:
             self.reclaimed += len(deliveries)
@@ -434,7 +453,7 @@ class FleetWorker:
                 self._dead_letter(delivery, f"malformed job: {delivery.error}", "malformed")
             elif self.queue.is_done(delivery.request.evaluation_id):
                 self.skipped += 1
-                self.queue.ack(delivery.entry_id)
+                self._ack(delivery, None)
             elif delivery.deliveries > limit:  # every worker holding it stopped before finishing
                 self._dead_letter(delivery, f"not acknowledged after {delivery.deliveries - 1} deliveries", "unacknowledged")
             else:
@@ -468,7 +487,7 @@ class FleetWorker:
             if transient:  # its max_deliveries-th failure: final (the error span is written)
                 self._dead_letter(delivery, f"{result.status} on delivery {delivery.deliveries} of {limit}", result.status)
                 continue
-            self.queue.ack(delivery.entry_id, delivery.request.evaluation_id)
+            self._ack(delivery, delivery.request.evaluation_id)
             if result.status == Status.SCORED:
                 self.scored += 1
             else:
@@ -484,8 +503,28 @@ class FleetWorker:
         self.telemetry.retried.add(1, {"error.type": error_type})
         logger.warning("relevancy-tracer worker: job %s failed (%s) on delivery %d of %d; redelivered in %.0f s", delivery.entry_id, error, delivery.deliveries, self.settings.max_deliveries, self.queue.retry_delay(delivery.deliveries))
 
+    def _ack(self, delivery: Any, evaluation_id: Optional[str]) -> None:
+        """Acknowledge one job; never raises. Redis at ``maxmemory``: acknowledged without its
+        done marker (see :meth:`RedisStreamQueue.ack`). Redis unreachable: kept, its claim
+        extended, and retried before the next jobs are taken (:meth:`step`): it is not
+        delivered again, so not scored twice."""
+        contexts_id = delivery.request.contexts_id if delivery.request is not None else None
+        try:
+            if not self.queue.ack(delivery.entry_id, evaluation_id, contexts_id):
+                logger.warning("relevancy-tracer worker: job %s acknowledged without its done marker: %s", delivery.entry_id, OUT_OF_MEMORY)
+        except Exception as exc:
+            with self._held_lock:
+                self._unacked[delivery.entry_id] = (evaluation_id, contexts_id)
+                self._held[delivery.entry_id] = float("inf")
+            logger.warning("relevancy-tracer worker: acknowledging job %s failed (%s); retried before the next jobs are taken (it stays claimed by this worker)", delivery.entry_id, describe_redis_error(exc))
+
     def _dead_letter(self, delivery: Any, error: str, error_type: str) -> None:
-        self.queue.dead_letter(delivery, error, self.consumer)
+        try:
+            self.queue.dead_letter(delivery, error, self.consumer)
+        except Exception as exc:  # Redis full (XADD refused) or unreachable: nothing changed
+            self.telemetry.retried.add(1, {"error.type": "dead_letter_failed"})
+            logger.warning("relevancy-tracer worker: moving job %s to %s failed (%s); it stays pending and is moved on a later delivery (%s)", delivery.entry_id, self.queue.dead_letter_stream, describe_redis_error(exc), error)
+            return
         self.dead_lettered += 1
         self.telemetry.dead_lettered.add(1, {"error.type": error_type})
         logger.warning("relevancy-tracer worker: job %s moved to %s: %s", delivery.entry_id, self.queue.dead_letter_stream, error)

@@ -13,6 +13,7 @@ from ..scoring.methods import METHODS
 from .selection import Candidate
 
 _HEX = re.compile(r"[0-9a-fA-F]+")
+_CONTEXTS_ID = re.compile(r"[0-9a-f]{32}-[0-9a-f]{16}")
 
 
 @dataclass
@@ -26,6 +27,9 @@ class ScoreRequest:
             and its app. project: the app's Phoenix project (resource attribute), if any.
         question, answer, contexts: the texts, truncated to the scoring budgets.
         method: the relevancy method. received_ns: Unix nanoseconds when the receiver took it.
+        contexts_id: on a Redis Stream, the id of the contexts stored once for the jobs of a
+            trace that share them (``contexts`` is then None until the worker reads them back,
+            see ``queue.py``); None otherwise.
     """
 
     evaluation_id: str
@@ -39,6 +43,7 @@ class ScoreRequest:
     contexts: Optional[list[str]] = None
     project: Optional[str] = None
     received_ns: int = field(default_factory=time.time_ns)
+    contexts_id: Optional[str] = None
 
     @classmethod
     def from_candidate(cls, candidate: Candidate, method: str, max_question_chars: int, max_answer_chars: int) -> "ScoreRequest":
@@ -96,6 +101,9 @@ class ScoreRequest:
             raise ValueError("contexts must be a list of strings or null")
         if data.get("project") is not None and not isinstance(data["project"], str):
             raise ValueError("project must be a string or null")
+        contexts_id = data.get("contexts_id")
+        if contexts_id is not None and (not isinstance(contexts_id, str) or not _CONTEXTS_ID.fullmatch(contexts_id)):
+            raise ValueError("contexts_id must be 32 and 16 hex digits joined by '-', or null")
         received = data.get("received_ns", 0)
         if isinstance(received, bool) or not isinstance(received, int):
             raise ValueError("received_ns must be an integer")

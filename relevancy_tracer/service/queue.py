@@ -28,6 +28,9 @@ none is queued twice.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import os
 import socket
@@ -42,8 +45,14 @@ logger = logging.getLogger("relevancy_tracer")
 STREAM = "relevancy-tracer:evaluations"
 GROUP = "relevancy-tracer-workers"
 DONE_PREFIX = "relevancy-tracer:done:"
+#: Contexts shared by the jobs of one export request's trace are stored once under this prefix
+#: (a hash: ``contexts`` JSON, ``refs`` jobs still holding them).
+CONTEXTS_PREFIX = "relevancy-tracer:contexts:"
 #: The dead-letter stream is the job stream's name plus this suffix.
 DEAD_LETTER_SUFFIX = ":dead-letter"
+#: Default bound of the dead-letter stream in bytes of its entries' fields (64 MiB: about
+#: 1,600 letters of the largest jobs the default budgets allow, 41 KB, more of smaller ones).
+DEAD_LETTER_MAX_BYTES = 64 * 1024 * 1024
 
 
 def consumer_name() -> str:
@@ -76,11 +85,12 @@ class RedisStreamQueue:
             flight at most (the stream's length). claim_idle: seconds (> 0) without a claim
             extension after which another worker may reclaim a taken, unacknowledged job
             (doubled at each further delivery, see :meth:`retry_delay`). done_ttl: seconds an
-            evaluation id is remembered as done. dead_letter_max_length: dead letters kept
-            (approximate trim, oldest first).
+            evaluation id is remembered as done. dead_letter_max_length, dead_letter_max_bytes:
+            dead letters kept, in number and in bytes of their fields (the oldest are deleted
+            first; the bytes are counted in the key ``<stream>:dead-letter:bytes``).
     """
 
-    def __init__(self, url: str, *, stream: str = STREAM, group: str = GROUP, max_length: int = 10_000, claim_idle: float = 30.0, done_ttl: int = 86_400, dead_letter_max_length: int = 100_000):
+    def __init__(self, url: str, *, stream: str = STREAM, group: str = GROUP, max_length: int = 10_000, claim_idle: float = 30.0, done_ttl: int = 86_400, dead_letter_max_length: int = 100_000, dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES):
         import redis
 
         if not claim_idle > 0:
@@ -94,9 +104,14 @@ class RedisStreamQueue:
         self.claim_idle = claim_idle
         self.done_ttl = done_ttl
         self.dead_letter_max_length = dead_letter_max_length
+        self.dead_letter_max_bytes = dead_letter_max_bytes
+        self.dead_letter_bytes_key = self.dead_letter_stream + ":bytes"
         self.groups_created = 0
         self._claim_cursor = "-"
-        self._create_group()
+        try:
+            self._create_group()
+        except redis.RedisError as exc:  # Redis full or unreachable: the first read creates it
+            logger.warning("relevancy-tracer: cannot create the consumer group %s of %s yet (%s); retrying on the next read", self.group, self.stream, describe_redis_error(exc))
 
     def _create_group(self) -> None:
         import redis
@@ -127,17 +142,70 @@ class RedisStreamQueue:
 
     def offer(self, requests: list[ScoreRequest]) -> bool:
         """Append every request or none; False when the stream is at its bound. An empty
-        stream takes a request larger than the bound whole (it would be refused forever)."""
+        stream takes a request larger than the bound whole (it would be refused forever).
+
+        Contexts are stored once per distinct list among the request's jobs (the RETRIEVER
+        documents of a trace, shared by its root spans), in a hash with a count of the jobs
+        holding them, deleted when the last one is acknowledged (at the latest after
+        ``done_ttl``); each job carries their id. Each stored list counts as one entry
+        against ``max_length``, as a job does."""
         if not requests:
             return True
+        stored: dict[str, list] = {}  # contexts id -> [json, jobs holding it]
+        batch = os.urandom(8).hex()
+        queued = []
+        for request in requests:
+            if request.contexts:
+                text = json.dumps(request.contexts, ensure_ascii=False, separators=(",", ":"))
+                contexts_id = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32] + "-" + batch
+                stored.setdefault(contexts_id, [text, 0])[1] += 1
+                request = dataclasses.replace(request, contexts=None, contexts_id=contexts_id)
+            queued.append(request)
         depth = self.redis.xlen(self.stream)
-        if depth and depth + len(requests) > self.max_length:
+        if depth and depth + len(queued) + len(stored) > self.max_length:
             return False
         pipe = self.redis.pipeline(transaction=True)
-        for request in requests:
+        for contexts_id, (text, refs) in stored.items():
+            pipe.hset(CONTEXTS_PREFIX + contexts_id, mapping={"contexts": text, "refs": refs})
+            pipe.expire(CONTEXTS_PREFIX + contexts_id, self.done_ttl)
+        for request in queued:
             pipe.xadd(self.stream, {"job": request.to_json()})
         pipe.execute()
         return True
+
+    def _with_contexts(self, deliveries: list["Delivery"]) -> list["Delivery"]:
+        """Fill in the stored contexts of jobs that carry a ``contexts_id`` (one round trip). A
+        list no longer stored (expired, Redis restarted empty) leaves the job without contexts,
+        with a warning."""
+        wanted = [d for d in deliveries if d.request is not None and d.request.contexts_id]
+        if not wanted:
+            return deliveries
+        pipe = self.redis.pipeline(transaction=False)
+        for delivery in wanted:
+            pipe.hget(CONTEXTS_PREFIX + delivery.request.contexts_id, "contexts")  # type: ignore[union-attr]
+        for delivery, text in zip(wanted, pipe.execute()):
+            contexts = None
+            try:
+                contexts = json.loads(text) if text is not None else None
+            except ValueError:
+                pass
+            if isinstance(contexts, list) and all(isinstance(c, str) for c in contexts):
+                delivery.request.contexts = contexts  # type: ignore[union-attr]
+            else:
+                logger.warning("relevancy-tracer: the contexts of job %s are no longer stored (expired, or Redis restarted); scoring it without them", delivery.entry_id)
+        return deliveries
+
+    def _release_contexts(self, contexts_ids: list[str]) -> None:
+        """One job fewer holds each of ``contexts_ids``; a list no job holds is deleted."""
+        if not contexts_ids:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for contexts_id in contexts_ids:
+            pipe.hincrby(CONTEXTS_PREFIX + contexts_id, "refs", -1)
+        left = pipe.execute(raise_on_error=False)
+        gone = [CONTEXTS_PREFIX + c for c, refs in zip(contexts_ids, left) if isinstance(refs, int) and refs <= 0]
+        if gone:
+            self.redis.delete(*gone)
 
     def depth(self) -> int:
         """Jobs queued or taken and not yet acknowledged."""
@@ -148,7 +216,7 @@ class RedisStreamQueue:
     def read(self, consumer: str, count: int, block_ms: int = 1000) -> list[Delivery]:
         """New jobs for ``consumer`` (blocks up to ``block_ms``), each delivered once so far."""
         reply = self._grouped(lambda: self.redis.xreadgroup(self.group, consumer, {self.stream: ">"}, count=count, block=block_ms))
-        return [_delivery(entry_id, fields, 1) for _, entries in reply or [] for entry_id, fields in entries or [] if fields is not None]
+        return self._with_contexts([_delivery(entry_id, fields, 1) for _, entries in reply or [] for entry_id, fields in entries or [] if fields is not None])
 
     def retry_delay(self, deliveries: int) -> float:
         """Seconds a job delivered ``deliveries`` times must stay idle (unextended) before it is
@@ -179,7 +247,7 @@ class RedisStreamQueue:
         else:
             cursor = cursor if len(pending) == page_size else "-"
         self._claim_cursor = cursor
-        return out
+        return self._with_contexts(out)
 
     def extend(self, consumer: str, entry_ids: list[str]) -> None:
         """Reset the idle time of jobs ``consumer`` holds (``XCLAIM ... JUSTID``: the delivery
@@ -190,29 +258,94 @@ class RedisStreamQueue:
     def is_done(self, evaluation_id: str) -> bool:
         return bool(self.redis.exists(DONE_PREFIX + evaluation_id))
 
-    def ack(self, entry_id: str, evaluation_id: Optional[str] = None) -> None:
-        """Mark done (when an evaluation id is given), acknowledge and delete the entry."""
+    def ack(self, entry_id: str, evaluation_id: Optional[str] = None, contexts_id: Optional[str] = None) -> bool:
+        """Mark done (when an evaluation id is given), acknowledge and delete the entry, in one
+        transaction. Returns True, or False when Redis is at ``maxmemory``: it then refuses
+        every transaction and the ``SET`` (Redis rejects any command queued in ``MULTI`` when
+        out of memory), so the entry is acknowledged and deleted without its done marker
+        (``XACK`` and ``XDEL`` are allowed and free memory): it is never delivered again, only
+        an exporter's re-sent copy could be scored a second time.
+
+        ``contexts_id``: the job's stored contexts, released (deleted with their last job).
+
+        Raises ``redis.RedisError`` when Redis is unreachable (the caller retries)."""
         pipe = self.redis.pipeline(transaction=True)
         if evaluation_id:
             pipe.set(DONE_PREFIX + evaluation_id, 1, ex=self.done_ttl)
         pipe.xack(self.stream, self.group, entry_id)
         pipe.xdel(self.stream, entry_id)
-        self._grouped(pipe.execute)
+        try:
+            self._grouped(pipe.execute)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+        else:
+            if contexts_id:
+                self._release_contexts([contexts_id])
+            return True
+        plain = self.redis.pipeline(transaction=False)  # one round trip, in order, no MULTI
+        plain.xack(self.stream, self.group, entry_id)
+        plain.xdel(self.stream, entry_id)
+        self._grouped(plain.execute)
+        return False  # its stored contexts (HINCRBY is refused at maxmemory) expire after done_ttl
 
     def dead_letter(self, delivery: Delivery, error: str, consumer: str) -> None:
         """Move a job to ``<stream>:dead-letter`` and acknowledge it, in one transaction.
 
         The dead letter's fields: ``job`` (the payload as received), ``error`` (why: a type or
         field name, never user text), ``deliveries``, ``entry_id`` (in the job stream),
-        ``consumer``, ``time_ms`` (Unix milliseconds). Its evaluation id is not recorded as
+        ``consumer``, ``time_ms`` (Unix milliseconds), and ``contexts`` (their JSON) when the job
+        referred to stored contexts, which are released. Its evaluation id is not recorded as
         done, so adding the ``job`` back to the stream scores it again.
         """
         pipe = self.redis.pipeline(transaction=True)
         letter = {"job": delivery.job if delivery.job is not None else b"", "error": error, "deliveries": delivery.deliveries, "entry_id": delivery.entry_id, "consumer": consumer, "time_ms": int(time.time() * 1000)}
-        pipe.xadd(self.dead_letter_stream, letter, maxlen=self.dead_letter_max_length, approximate=True)
+        request = delivery.request
+        if request is not None and request.contexts_id and request.contexts is not None:
+            letter["contexts"] = json.dumps(request.contexts, ensure_ascii=False, separators=(",", ":"))
+        size = _letter_bytes(letter)
+        pipe.xadd(self.dead_letter_stream, letter)
+        pipe.incrby(self.dead_letter_bytes_key, size)
+        pipe.xlen(self.dead_letter_stream)
         pipe.xack(self.stream, self.group, delivery.entry_id)
         pipe.xdel(self.stream, delivery.entry_id)
-        self._grouped(pipe.execute)
+        _, total, count, _, _ = self._grouped(pipe.execute)
+        if int(total) > self.dead_letter_max_bytes or int(count) > self.dead_letter_max_length:
+            self._trim_dead_letters()
+        if request is not None and request.contexts_id:
+            self._release_contexts([request.contexts_id])
+
+    def _trim_dead_letters(self) -> None:
+        """Delete the oldest dead letters until both bounds hold (``dead_letter_max_bytes``,
+        ``dead_letter_max_length``), counting the bytes deleted. Concurrent trims by several
+        workers each count only the entries they deleted themselves."""
+        total = int(self.redis.get(self.dead_letter_bytes_key) or 0)
+        count = int(self.redis.xlen(self.dead_letter_stream))
+        start = "-"
+        while total > self.dead_letter_max_bytes or count > self.dead_letter_max_length:
+            page = self.redis.xrange(self.dead_letter_stream, start, "+", count=100)
+            if not page:  # the stream was emptied behind the count's back: start over
+                self.redis.set(self.dead_letter_bytes_key, 0)
+                return
+            doomed = []
+            for entry_id, fields in page:
+                if total <= self.dead_letter_max_bytes and count <= self.dead_letter_max_length:
+                    break
+                size = _letter_bytes(fields)
+                doomed.append((entry_id, size))
+                total, count = total - size, count - 1
+            pipe = self.redis.pipeline(transaction=False)
+            for entry_id, _ in doomed:
+                pipe.xdel(self.dead_letter_stream, entry_id)
+            deleted = pipe.execute()
+            freed = sum(size for (_, size), gone in zip(doomed, deleted) if gone)
+            if freed:
+                self.redis.decrby(self.dead_letter_bytes_key, freed)
+            start = "(" + _text(page[-1][0])
+
+    def dead_letter_bytes(self) -> int:
+        """Bytes of the dead letters' fields, as counted."""
+        return int(self.redis.get(self.dead_letter_bytes_key) or 0)
 
     def dead_letters(self) -> int:
         """Jobs in the dead-letter stream."""
@@ -220,6 +353,32 @@ class RedisStreamQueue:
 
     def close(self) -> None:
         self.redis.close()
+
+
+#: How the logs describe Redis' refusal at ``maxmemory``.
+OUT_OF_MEMORY = "Redis is out of memory (used memory > maxmemory) and refuses writes until memory is freed: raise maxmemory, or let the workers drain the stream"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether a Redis error is its refusal at ``maxmemory`` (``OOM command not allowed``)."""
+    import redis
+
+    return isinstance(exc, getattr(redis.exceptions, "OutOfMemoryError", ())) or (isinstance(exc, redis.ResponseError) and ("OOM" in str(exc) or "maxmemory" in str(exc)))
+
+
+def describe_redis_error(exc: BaseException) -> str:
+    """A one-line account of a Redis error for the logs (what to do when it is at ``maxmemory``),
+    never quoting a command's arguments (they hold user text)."""
+    import redis
+
+    if is_out_of_memory(exc):
+        return OUT_OF_MEMORY
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return f"{type(exc).__name__}: {exc}"  # host and port, no payload
+    # a reply error of a pipeline quotes the command and its arguments (job texts): only the
+    # server's reason is kept
+    reason = str(exc).rpartition("caused error: ")[2] if isinstance(exc, redis.ResponseError) else ""
+    return f"{type(exc).__name__}: {reason[:200]}" if reason else type(exc).__name__
 
 
 def _delivery(entry_id: Any, fields: Any, deliveries: int) -> Delivery:
@@ -230,6 +389,15 @@ def _delivery(entry_id: Any, fields: Any, deliveries: int) -> Delivery:
         return Delivery(_text(entry_id), raw, ScoreRequest.from_json(raw), None, deliveries)
     except ValueError as exc:
         return Delivery(_text(entry_id), raw, None, str(exc), deliveries)
+
+
+def _letter_bytes(fields: Any) -> int:
+    """Bytes of a stream entry's field names and values (what the byte bound counts)."""
+    return sum(len(_raw(key)) + len(_raw(value)) for key, value in fields.items())
+
+
+def _raw(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
 
 
 def _text(value: Any) -> str:

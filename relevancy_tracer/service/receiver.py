@@ -1,6 +1,6 @@
 """The OTLP receiver of ``relevancy-tracer serve``: OTLP/HTTP (protobuf and JSON, gzip) on
 ``/v1/traces`` and ``/v1/logs`` (aiohttp's server), OTLP/gRPC ``TraceService/Export`` and
-``LogsService/Export`` (grpcio).
+``LogsService/Export`` (grpcio's asyncio server), both on one event loop thread.
 
 Each export request is decoded, its candidate spans selected (``selection.py``) and offered to
 the queue as one unit (``accept``); a logs export request goes to ``accept_logs`` (GenAI
@@ -14,9 +14,15 @@ refusals. Answers, as the OTLP specification lays them out:
   retryable, so exporters and Collectors re-send; counted (``relevancy.service.refused``);
 * not an OTLP trace export (bad protobuf, JSON that is not an object or nests too deeply, corrupt
   gzip): 400 / ``INVALID_ARGUMENT``; wrong Content-Type or Content-Encoding: 415;
-* above ``max_request_bytes``, received or once decompressed: 413 / ``RESOURCE_EXHAUSTED``;
+* above ``max_request_bytes``, received or once decompressed, or a request whose decoding would
+  take more memory than the whole decoding budget (``DECODE_BUDGET_FACTOR`` x
+  ``max_request_bytes``, at least 64 MiB; e.g. millions of empty spans): 413 / ``RESOURCE_EXHAUSTED``;
+* no room in the decoding budget within ``body_timeout`` (other requests being decoded): 503 /
+  ``UNAVAILABLE`` with ``Retry-After: 1``;
+* the receiver stopping while the request is being decoded: 503 / ``UNAVAILABLE`` with
+  ``Retry-After: 1``;
 * no or a wrong ``Authorization: Bearer <token>`` when a token is set: 401 /
-  ``UNAUTHENTICATED``;
+  ``UNAUTHENTICATED`` (gRPC: from the call's metadata, before its message is read);
 * a malformed HTTP request (bad ``Content-Length``, bad chunk framing, header lines too long):
   aiohttp's parser answers 400 with a message.
 
@@ -27,24 +33,28 @@ head arrives within ``idle_timeout`` seconds (a half-open or trickling connectio
 keep-alive); a body must arrive within ``body_timeout`` (408); at most ``max_inflight``
 bodies are read and decoded at once (a request waiting longer than ``body_timeout`` for its turn
 gets 503 with ``Retry-After``), so the buffers of requests in flight stay under about
-``max_inflight * 2 * max_request_bytes`` (plus the decoded messages).
+``max_inflight * 2 * max_request_bytes`` (plus the decoded messages). A gRPC call holds no
+thread while its message is on the way; it gets a decoding turn under the same
+``max_inflight`` bound and then ``body_timeout`` for its message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import math
 import ssl
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..config import Settings
-from .otlp import GzipInflater, OTLPDecodeError, RequestTooLarge, parse_request
+from ..config import MAX_INT32, Settings
+from .otlp import WIRE_FACTOR, DecodeBudget, GzipInflater, OTLPDecodeError, RequestTooLarge, count_items, decoded_bytes, parse_request, upfront_bytes
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -52,6 +62,12 @@ def _setting_default(name: str) -> Any:
     """The default of a :class:`~relevancy_tracer.config.Settings` field: the one place it is written."""
     return Settings.__dataclass_fields__[name].default
 
+
+#: The decoding budget (:class:`~relevancy_tracer.service.otlp.DecodeBudget`) in units of
+#: ``max_request_bytes``: the largest request of spans without attributes fits alone.
+DECODE_BUDGET_FACTOR = 32
+#: The smallest decoding budget, bytes (small ``max_request_bytes`` values).
+MIN_DECODE_BUDGET = 64 * 1024 * 1024
 
 #: Default bound of a request body and of its decompressed size (see ``max_request_bytes``).
 DEFAULT_MAX_REQUEST_BYTES = _setting_default("max_request_bytes")
@@ -94,9 +110,11 @@ class ReceiverLimits:
         idle_timeout: seconds a connection may go without a complete request head (from its
             start or its previous response), then it is closed. gRPC: idle connections close
             after ``10 * idle_timeout``.
-        body_timeout: seconds to receive one request body (HTTP 408 after).
-        max_inflight: request bodies read and decoded at once (HTTP; one waiting longer than
-            ``body_timeout`` for its turn gets 503); gRPC handler threads.
+        body_timeout: seconds to receive one request body (HTTP 408 after) or one gRPC
+            message once its call has a decoding turn (DEADLINE_EXCEEDED after).
+        max_inflight: request bodies (HTTP) and messages (gRPC) read and decoded at once (one
+            waiting longer than ``body_timeout`` for its turn gets 503 / UNAVAILABLE); the
+            decoding threads.
     """
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -158,6 +176,65 @@ def _response(admission: Admission, signal: str = "traces") -> Any:
     if admission.rejected_spans:
         return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(rejected_spans=admission.rejected_spans, error_message=admission.message))
     return ExportTraceServiceResponse()
+
+
+class _DaemonPool:
+    """At most ``workers`` daemon threads running submitted calls, started as needed.
+
+    Not :class:`concurrent.futures.ThreadPoolExecutor`, whose threads the interpreter joins at
+    exit: a decoding still running when ``serve`` stops (a huge request, a Redis that does not
+    answer) would hold the process past its shutdown bound. Its result is moot by then (the
+    client was answered 503 / UNAVAILABLE, retryable)."""
+
+    def __init__(self, workers: int, name: str):
+        self._workers, self._name = workers, name
+        self._calls: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the decoding pool is shut down")
+            self._calls.put((future, fn, args))
+            if self._calls.qsize() > self._idle and self._threads < self._workers:
+                self._threads += 1
+                threading.Thread(target=self._work, name=f"{self._name}-{self._threads}", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            item = self._calls.get()
+            with self._lock:
+                self._idle -= 1
+            if item is None:
+                return
+            future, fn, args = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # handed to the waiting request
+                    future.set_exception(exc)
+            del item, future, fn, args
+
+    def shutdown(self) -> None:
+        """No more calls; idle threads end, busy ones end after their call (they never hold the
+        interpreter's exit)."""
+        with self._lock:
+            self._closed = True
+            for _ in range(self._threads):
+                self._calls.put(None)
+
+
+#: What a request waiting for its decoding gets once the receiver stops.
+_STOPPING = object()
+#: What a request gets when the decoding budget had no room for it within ``body_timeout``.
+_BUSY = object()
 
 
 class _ClientErrorLog(logging.LoggerAdapter):
@@ -225,8 +302,9 @@ class OTLPServer:
         host: bind address. http_port, grpc_port: ports (0: a free port; None: that protocol off).
         retry_after: ``retry_after() -> int`` seconds for refusals. on_refusal: ``fn(protocol,
             reason)`` for each retryable refusal; protocol ``"http"`` or ``"grpc"``, reason
-            ``"queue_full"`` (429 / UNAVAILABLE), ``"too_many_connections"`` (503 on connect) or
-            ``"too_many_requests"`` (503: no body slot within ``body_timeout``).
+            ``"queue_full"`` (429 / UNAVAILABLE), ``"too_many_connections"`` (503 on connect),
+            ``"too_many_requests"`` (503: no body slot within ``body_timeout``) or
+            ``"decoding_budget"`` (503: no room in the decoding budget within ``body_timeout``).
         token: when set, every export request must carry ``Authorization: Bearer <token>``
             (HTTP header, gRPC metadata); ``/healthz`` stays open.
         tls_cert, tls_key: PEM files; both set: HTTPS and gRPC over TLS.
@@ -268,7 +346,11 @@ class OTLPServer:
         self._web: Any = None
         self._listener: Any = None
         self._slots: Optional[asyncio.Semaphore] = None
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool: Optional[_DaemonPool] = None
+        self._stopping: Optional[asyncio.Event] = None
+        #: decoding memory of the requests in flight: 32 x max_request_bytes (512 MiB at the
+        #: default), at least 64 MiB
+        self._budget: Optional[DecodeBudget] = DecodeBudget(max(MIN_DECODE_BUDGET, DECODE_BUDGET_FACTOR * limits.max_request_bytes))
         self._grpc: Any = None
         self.http_port: Optional[int] = None
         self.grpc_port: Optional[int] = None
@@ -286,61 +368,125 @@ class OTLPServer:
     def start(self) -> "OTLPServer":
         """Bind and serve. Raises OSError when a port is taken or the TLS files are bad."""
         try:
+            context = self._ssl_context()  # checks the TLS files for both protocols
+            if self._want_http is not None or self._want_grpc is not None:
+                self._start_loop()
             if self._want_http is not None:
-                self._start_http(self._want_http)
+                self._run(self._listen(self._want_http, context))
             if self._want_grpc is not None:
-                self._start_grpc(self._want_grpc)
+                self._run(self._listen_grpc(self._want_grpc))
         except BaseException:
             self.stop(0.5)
             raise
         return self
 
+    def _start_loop(self) -> None:
+        """The event loop both receivers run on (one thread), and the decoding threads."""
+        self._pool = _DaemonPool(self.limits.max_inflight, "relevancy-tracer-otlp-decode")
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="relevancy-tracer-otlp", daemon=True)
+        self._thread.start()
+
+        async def slots() -> None:
+            self._slots = asyncio.Semaphore(self.limits.max_inflight)
+            self._stopping = asyncio.Event()
+
+        self._run(slots())
+
+    def _run(self, coroutine: Any, timeout: float = 30.0) -> Any:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
     def stop(self, grace: float = 2.0) -> None:
-        """Stop receiving (in-flight requests get ``grace`` seconds)."""
-        if self._grpc is not None:
-            self._grpc.stop(grace).wait(grace + 1)
-            self._grpc = None
+        """Stop receiving. Requests in flight get ``grace`` seconds to finish, then they are
+        cancelled (their clients see the connection close); returns within about
+        ``grace + 1`` seconds, leaving no task or thread of the receiver behind."""
         loop, self._loop = self._loop, None
         if loop is not None:
             try:
-                asyncio.run_coroutine_threadsafe(self._stop_http(grace), loop).result(grace + 2)
-            except Exception:  # a timeout here leaves daemon threads only
-                logger.debug("relevancy-tracer: stopping the OTLP/HTTP server", exc_info=True)
+                asyncio.run_coroutine_threadsafe(self._shutdown(grace), loop).result(grace + 1.0)
+            except Exception:  # a timeout here leaves a daemon thread only
+                logger.debug("relevancy-tracer: stopping the OTLP receivers", exc_info=True)
             loop.call_soon_threadsafe(loop.stop)
             if self._thread is not None:
-                self._thread.join(grace + 2)
+                self._thread.join(1.0)
             if not loop.is_running():
                 loop.close()
+        self._grpc = None
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             self._pool = None
+
+    async def _shutdown(self, grace: float) -> None:
+        """Close the listeners (gRPC refuses new calls); requests in flight get three quarters
+        of ``grace`` to finish, then those still waiting for their decoding are answered 503 /
+        UNAVAILABLE (retryable: the exporter re-sends to another replica) and the rest (bodies
+        still arriving) are cancelled by ``grace``; every task has unwound when this returns,
+        so none is left pending when the loop closes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        if self._listener is not None:
+            self._listener.close()
+        stopping = []
+        if self._grpc is not None:
+            stopping.append(asyncio.ensure_future(self._grpc.stop(grace)))
+        if self._web is not None:
+            stopping.append(asyncio.ensure_future(self._web.shutdown(grace)))
+        if stopping:
+            _, pending = await asyncio.wait(stopping, timeout=0.75 * grace)
+            if self._stopping is not None:
+                self._stopping.set()
+            if pending:
+                await asyncio.wait(pending, timeout=max(0.1, deadline - loop.time()))
+        current = asyncio.current_task()
+        left = [task for task in asyncio.all_tasks() if task is not current]
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=0.5)
+
+    async def _finished(self, decoding: Future) -> Any:
+        """The outcome of a decoding, or :data:`_STOPPING` when the receiver stops first."""
+        assert self._stopping is not None
+        if self._stopping.is_set():
+            return _STOPPING
+        waiting = asyncio.wrap_future(decoding)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((waiting, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if waiting.done():
+            return waiting.result()
+        waiting.cancel()
+        return _STOPPING
 
     def _ssl_context(self) -> Optional[ssl.SSLContext]:
         if not self.tls:
             return None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        encrypted = []
+
+        def password() -> bytes:  # called only for an encrypted (passphrase-protected) key
+            encrypted.append(True)
+            raise ValueError("encrypted key")
+
+        cert, key = self._tls_files
         try:
-            context.load_cert_chain(*self._tls_files)  # type: ignore[arg-type]
-        except OSError as exc:  # ssl.SSLError is one
-            raise OSError(f"cannot load the TLS certificate {self._tls_files[0]} and key {self._tls_files[1]}: {exc}") from exc
+            context.load_cert_chain(cert, key, password=password)  # type: ignore[arg-type]
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            if encrypted:
+                raise OSError(f"the TLS key {key} is encrypted (passphrase-protected); serve needs an unencrypted PEM key: decrypt it, e.g. `openssl pkey -in {key} -out plain.key`, and pass that file") from None
+            raise OSError(f"cannot load the TLS certificate {cert} and key {key}: {exc}") from exc
         return context
 
     # ---------------------------------------------------------------- OTLP/HTTP
-
-    def _start_http(self, port: int) -> None:
-        context = self._ssl_context()
-        self._pool = ThreadPoolExecutor(max_workers=self.limits.max_inflight, thread_name_prefix="relevancy-tracer-otlp-http")
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="relevancy-tracer-otlp-http", daemon=True)
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._listen(port, context), loop).result(30)
 
     async def _listen(self, port: int, context: Optional[ssl.SSLContext]) -> None:
         from aiohttp import web
 
         limits = self.limits
-        self._slots = asyncio.Semaphore(limits.max_inflight)
         # keepalive_timeout is armed when a connection opens and after each response, and closes
         # the connection unless a complete request head arrived: the header and idle timeout.
         self._web = web.Server(self._handle, keepalive_timeout=limits.idle_timeout, auto_decompress=False, access_log=None, logger=_ClientErrorLog(logging.getLogger("relevancy_tracer.otlp_http"), {}), handler_cancellation=True, lingering_time=min(10.0, limits.body_timeout))
@@ -363,12 +509,6 @@ class OTLPServer:
 
         self._listener = await loop.create_server(connection, self.host, port, ssl=context, backlog=128, ssl_handshake_timeout=limits.idle_timeout if context else None)
         self.http_port = self._listener.sockets[0].getsockname()[1]
-
-    async def _stop_http(self, grace: float) -> None:
-        if self._listener is not None:
-            self._listener.close()
-        if self._web is not None:
-            await self._web.shutdown(grace)
 
     async def _handle(self, request: Any) -> Any:
         from aiohttp import web
@@ -429,15 +569,24 @@ class OTLPServer:
             # the slot is freed when the decoding ends, even if this request is cancelled first
             decoding = self._pool.submit(self._decode_and_admit, body, content_type, signal)
             decoding.add_done_callback(self._release_slot)
-            outcome = await asyncio.wrap_future(decoding)
+            outcome = await self._finished(decoding)
         finally:
             if decoding is None:
                 self._slots.release()
+        if outcome is _STOPPING:
+            response = error(503, UNAVAILABLE, "the receiver is shutting down; retry", {"Retry-After": "1"})
+            response.force_close()
+            return response
         if isinstance(outcome, Admission):
             if not outcome.accepted:
                 self.count_refusal("http", "queue_full")
                 return error(429, UNAVAILABLE, "the scoring queue is full; retry later", {"Retry-After": str(self.retry_after())})
             return web.Response(body=_encode(_response(outcome, signal), is_json), content_type="application/json" if is_json else "application/x-protobuf")
+        if outcome is _BUSY:
+            self.count_refusal("http", "decoding_budget")
+            return error(503, UNAVAILABLE, "the receiver's decoding memory is taken by other requests; retry later", {"Retry-After": "1"})
+        if isinstance(outcome, RequestTooLarge):
+            return error(413, RESOURCE_EXHAUSTED, str(outcome))
         if isinstance(outcome, OTLPDecodeError):
             return error(400, INVALID_ARGUMENT, str(outcome))
         return error(500, INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
@@ -467,38 +616,71 @@ class OTLPServer:
             inflater.finish()
         return b"".join(parts)
 
-    def _decode_and_admit(self, body: bytes, content_type: str, signal: str = "traces") -> Any:
-        """Admission, or the exception that stopped it (runs on the decoding threads)."""
+    def _decode_and_admit(self, body: bytes, content_type: str, signal: str = "traces", protocol: str = "HTTP") -> Any:
+        """Admission, or what stopped it: an exception (``OTLPDecodeError``, ``RequestTooLarge``,
+        a bug's) or :data:`_BUSY`. Runs on the decoding threads, holding the request's memory
+        estimate against the :class:`DecodeBudget` (first what counting its items or
+        ``json.loads`` takes, then what decoding and selecting them takes) while it is decoded,
+        selected and queued."""
+        budget = self._budget
+        assert budget is not None
+        is_json = "json" in content_type.lower()
+        held = 0
         try:
+            upfront = upfront_bytes(body, is_json) + (WIRE_FACTOR * len(body) if is_json else 0)
+            if not budget.acquire(upfront, self.limits.body_timeout):
+                return _BUSY
+            held = upfront
+            request = None
+            if is_json:  # loaded and parsed under the upfront estimate, then counted
+                request = parse_request(body, content_type, signal=signal)
+                items = sum(len(getattr(scope, "spans" if signal == "traces" else "log_records")) for resource in getattr(request, "resource_spans" if signal == "traces" else "resource_logs") for scope in getattr(resource, "scope_spans" if signal == "traces" else "scope_logs"))
+            else:
+                items = count_items(body)
+            need = decoded_bytes(len(body), items)
+            budget.release(held)
+            held = 0
+            if not budget.acquire(need, self.limits.body_timeout):
+                return _BUSY
+            held = need
             accept = self.accept_logs if signal == "logs" else self.accept
             assert accept is not None
-            return accept(parse_request(body, content_type, signal=signal))
-        except OTLPDecodeError as exc:
+            return accept(request if request is not None else parse_request(body, content_type, signal=signal))
+        except (OTLPDecodeError, RequestTooLarge) as exc:
             return exc
         except Exception as exc:  # a bug, never a dropped connection: answered 500 and logged
-            logger.warning("relevancy-tracer: an OTLP/HTTP export request failed", exc_info=True)
+            logger.warning("relevancy-tracer: an OTLP/%s export request failed", protocol, exc_info=True)
             return exc
+        finally:
+            if held:
+                budget.release(held)
 
     # ---------------------------------------------------------------- OTLP/gRPC
 
-    def _start_grpc(self, port: int) -> None:
-        from concurrent import futures
+    async def _listen_grpc(self, port: int) -> None:
+        """OTLP/gRPC on grpcio's asyncio server, on the receivers' event loop.
 
+        A call holds no thread while its message is on the way: the token is checked from the
+        call's metadata before the message is read (:class:`_TokenCheck`, a server
+        interceptor), and the message is read by the handler itself (``Export`` is served as a
+        stream-unary method: the same bytes on the wire as a unary call) within
+        ``body_timeout`` after it got one of the ``max_inflight`` decoding slots (a call
+        waiting longer for its slot gets UNAVAILABLE with ``retry-after: 1``; one whose message
+        does not arrive in time, DEADLINE_EXCEEDED). At most ``max_connections`` calls are in
+        progress at once (grpcio answers RESOURCE_EXHAUSTED above)."""
         import grpc
 
         limits = self.limits
-        # the raw bytes come in (no deserializer): an undecodable request is answered
-        # INVALID_ARGUMENT here instead of grpcio's INTERNAL
         handlers = [
-            grpc.method_handlers_generic_handler(GRPC_SERVICES[signal], {"Export": grpc.unary_unary_rpc_method_handler(lambda raw, context, signal=signal: self._export(raw, context, signal), request_deserializer=None, response_serializer=lambda message: message.SerializeToString())})
+            grpc.method_handlers_generic_handler(GRPC_SERVICES[signal], {"Export": grpc.stream_unary_rpc_method_handler(functools.partial(self._export, signal=signal), request_deserializer=None, response_serializer=lambda message: message.SerializeToString())})
             for signal in (("traces", "logs") if self.accept_logs is not None else ("traces",))
         ]
         options = [
-            ("grpc.max_receive_message_length", limits.max_request_bytes),  # also bounds the decompressed size
-            ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 10_000)),
+            ("grpc.max_receive_message_length", min(limits.max_request_bytes, MAX_INT32)),  # also bounds the decompressed size
+            ("grpc.max_connection_idle_ms", min(int(limits.idle_timeout * 10_000), MAX_INT32)),
             ("grpc.max_concurrent_streams", 100),
         ]
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.max_inflight, thread_name_prefix="relevancy-tracer-otlp-grpc"), handlers=handlers, options=options, maximum_concurrent_rpcs=limits.max_connections)
+        server = grpc.aio.server(handlers=handlers, interceptors=[_TokenCheck(self)], options=options, maximum_concurrent_rpcs=limits.max_connections)
         address = f"{self.host}:{port}"
         if self.tls:
             cert, key = (open(path, "rb").read() for path in self._tls_files)  # type: ignore[arg-type]
@@ -507,34 +689,105 @@ class OTLPServer:
             bound = server.add_insecure_port(address)
         if bound == 0:
             raise OSError(f"cannot listen for OTLP/gRPC on {address}")
-        server.start()
+        await server.start()
         self._grpc = server
         self.grpc_port = bound
 
-    def _export(self, raw: bytes, context: Any, signal: str = "traces") -> Any:
+    async def _export(self, requests: Any, context: Any, signal: str = "traces") -> Any:
+        """One OTLP/gRPC export call (authenticated by :class:`_TokenCheck`)."""
         import grpc
-        from google.protobuf.message import DecodeError
 
-        from .otlp import request_class
+        assert self._slots is not None and self._pool is not None
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.limits.body_timeout)
+        except asyncio.TimeoutError:
+            self.count_refusal("grpc", "too_many_requests")
+            context.set_trailing_metadata((("retry-after", "1"),))
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "too many requests in progress; retry later")
+        decoding = None
+        try:
+            try:
+                raw = await asyncio.wait_for(context.read(), self.limits.body_timeout)
+            except asyncio.TimeoutError:
+                raw = None
+            if raw is None:
+                await _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, f"the request message did not arrive within {self.limits.body_timeout:g} s")
+            if raw is grpc.aio.EOF:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
 
-        metadata = {key: value for key, value in context.invocation_metadata() if isinstance(value, str)}
-        if not self.authorized(metadata.get("authorization")):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization: Bearer <token>)")
-        try:
-            request = request_class(signal).FromString(raw)
-        except (DecodeError, RecursionError) as exc:
-            request, problem = None, f"bad OTLP protobuf request: {exc}"
-        if request is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        try:
-            admission = (self.accept_logs if signal == "logs" else self.accept)(request)  # type: ignore[misc]
-        except Exception as exc:  # a bug: answered INTERNAL and logged
-            logger.warning("relevancy-tracer: an OTLP/gRPC export request failed", exc_info=True)
-            admission, problem = None, f"the request could not be processed: {type(exc).__name__}"
-        if admission is None:
-            context.abort(grpc.StatusCode.INTERNAL, problem)
-        if not admission.accepted:
+            # the slot is freed when the decoding ends, even if this call is cancelled first
+            decoding = self._pool.submit(self._decode_and_admit, raw, "application/x-protobuf", signal, "gRPC")
+            decoding.add_done_callback(self._release_slot)
+            outcome = await self._finished(decoding)
+        finally:
+            if decoding is None:
+                self._slots.release()
+        if outcome is _STOPPING:
+            context.set_trailing_metadata((("retry-after", "1"),))
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver is shutting down; retry")
+        if outcome is _BUSY:
+            self.count_refusal("grpc", "decoding_budget")
+            context.set_trailing_metadata((("retry-after", "1"),))
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver's decoding memory is taken by other requests; retry later")
+        if isinstance(outcome, RequestTooLarge):
+            await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(outcome))
+        if isinstance(outcome, OTLPDecodeError):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(outcome))
+        if not isinstance(outcome, Admission):
+            await _abort(context, grpc.StatusCode.INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
+        if not outcome.accepted:
             self.count_refusal("grpc", "queue_full")
             context.set_trailing_metadata((("retry-after", str(self.retry_after())),))
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the scoring queue is full; retry later")
-        return _response(admission, signal)
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the scoring queue is full; retry later")
+        return _response(outcome, signal)
+
+
+async def _abort(context: Any, code: Any, message: str) -> None:
+    """End a gRPC call with ``code`` (raises grpc's AbortError, as ``context.abort`` does). A
+    call grpcio already ended (cancelled by its client, or its message refused above
+    ``grpc.max_receive_message_length``) has nothing left to answer: it unwinds quietly (as a
+    cancellation) instead of grpcio logging a failed batch with a traceback."""
+    import grpc
+
+    try:
+        await context.abort(code, message)
+    except grpc.aio.AbortError:
+        raise
+    except Exception:
+        raise asyncio.CancelledError() from None
+
+
+def _token_check_class() -> Any:
+    import grpc
+
+    class TokenCheck(grpc.aio.ServerInterceptor):
+        """Refuses a call without the bearer token from its metadata, before its message is
+        read: an unauthenticated caller holds nothing (answered UNAUTHENTICATED at once)."""
+
+        def __init__(self, server: "OTLPServer"):
+            self._server = server
+
+            async def refuse(_requests: Any, context: Any) -> None:
+                await _abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization: Bearer <token>)")
+
+            # a stream-request handler: grpcio runs it without waiting for a message
+            self._refuse = grpc.stream_unary_rpc_method_handler(refuse)
+
+        async def intercept_service(self, continuation: Any, details: Any) -> Any:
+            metadata = {key: value for key, value in (details.invocation_metadata or ()) if isinstance(value, str)}
+            if self._server.authorized(metadata.get("authorization")):
+                return await continuation(details)
+            return self._refuse
+
+    return TokenCheck
+
+
+def _TokenCheck(server: OTLPServer) -> Any:  # noqa: N802 - builds the interceptor (grpc imported lazily)
+    """The bearer-token interceptor of ``server``'s gRPC receiver."""
+    global _token_check
+    if _token_check is None:
+        _token_check = _token_check_class()
+    return _token_check(server)
+
+
+_token_check: Any = None
