@@ -13,6 +13,8 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relevancy_tracer_testing import Hang
 
@@ -124,3 +126,55 @@ def test_a_fork_at_any_moment_of_the_first_scoring_leaves_a_child_that_scores(se
     assert proc.returncode == 0, stderr[-3000:]
     child = json.loads([line for line in stdout.splitlines() if line.startswith("CHILD ")][0][6:])
     assert child["flushed"] and child["statuses"] == ["scored", "scored"], child
+
+
+# ------------------------------------------------------------------------------ clip
+
+
+def _repair_then_cut(text: str, limit: int) -> str:
+    """``clip`` as it was: every surrogate of the whole text replaced, then cut (the reference)."""
+    text = "".join(ch if not 0xD800 <= ord(ch) <= 0xDFFF else "\ufffd" for ch in text)
+    return text if len(text) <= limit else text[: max(0, limit - 15)] + "...[truncated]"
+
+
+CHARACTERS = st.one_of(st.characters(), st.integers(0xD800, 0xDFFF).map(chr), st.sampled_from("ab\u00e9\u4e2d\U0001f600"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text(CHARACTERS, max_size=80), limit=st.integers(0, 100))
+def test_clip_cuts_first_and_gives_what_repairing_the_whole_text_gave(text, limit):
+    from relevancy_tracer.otel.spans import clip
+
+    clipped = clip(text, limit)
+    assert clipped == _repair_then_cut(text, limit)
+    clipped.encode("utf-8")
+
+
+def test_a_10_mb_answer_with_a_lone_surrogate_costs_the_app_what_8000_characters_cost(tracing, otel):
+    # the issue measured 1.0-2.5 s per call (the whole 10 MB repaired, then cut to 8,000
+    # characters); CPU time of the app's own thread, same run, against an 8,000-character answer
+    import time
+
+    import relevancy_tracer
+
+    huge = "Paris is the capital of France. " * (10_000_000 // 32) + "\ud800"
+    small = huge[:7_999] + "\ud800"
+    answers = {"huge": huge, "small": small}
+
+    @relevancy_tracer.trace(name="big_answer")
+    def answer(question, which):
+        return answers[which]
+
+    costs: dict[str, list[int]] = {"huge": [], "small": []}
+    for _ in range(5):
+        for which in ("small", "huge"):
+            started = time.thread_time_ns()
+            assert answer("What is the capital of France?", which) is answers[which]
+            costs[which].append(time.thread_time_ns() - started)
+    median = {k: sorted(v)[len(v) // 2] for k, v in costs.items()}
+    print("thread CPU ns per call, median of 5:", median)
+    assert median["huge"] < 10 * median["small"], median
+    assert relevancy_tracer.flush(30)
+    spans = [s for s in otel.exporter.get_finished_spans() if s.name == "big_answer"]
+    outputs = sorted(s.attributes["output.value"] for s in spans)
+    assert outputs == [huge[:7985] + "...[truncated]"] * 5 + [small[:-1] + "\ufffd"] * 5
