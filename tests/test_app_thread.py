@@ -178,3 +178,71 @@ def test_a_10_mb_answer_with_a_lone_surrogate_costs_the_app_what_8000_characters
     spans = [s for s in otel.exporter.get_finished_spans() if s.name == "big_answer"]
     outputs = sorted(s.attributes["output.value"] for s in spans)
     assert outputs == [huge[:7985] + "...[truncated]"] * 5 + [small[:-1] + "\ufffd"] * 5
+
+
+# ------------------------------------------------------------------------------ recursion
+
+
+def _deepest(call) -> int:
+    """The deepest recursion ``call(n)`` reaches before RecursionError (binary search)."""
+    low, high = 1, 4 * sys.getrecursionlimit()
+    while low < high:
+        middle = (low + high + 1) // 2
+        try:
+            call(middle)
+            low = middle
+        except RecursionError:
+            high = middle - 1
+    return low
+
+
+def test_a_traced_level_of_recursion_costs_the_documented_frames(tracing):
+    # docs/tracing.md: a function recursing through its traced name reaches RecursionError at
+    # about a third of the depth (sync: wrapt's C call, the wrapper, the function), at half of
+    # it for a coroutine function (the wrapper's coroutine and the function's)
+    import asyncio
+
+    import relevancy_tracer
+
+    tracing(sample_ratio=0.0, capture_content=False)  # every level a traced call; nothing queued
+
+    def plain(n):
+        return "done" if n == 0 else plain(n - 1)
+
+    @relevancy_tracer.trace(name="recursive")
+    def traced(n):
+        return "done" if n == 0 else traced(n - 1)
+
+    async def aplain(n):
+        return "done" if n == 0 else await aplain(n - 1)
+
+    @relevancy_tracer.trace(name="arecursive")
+    async def atraced(n):
+        return "done" if n == 0 else await atraced(n - 1)
+
+    sync_ratio = _deepest(plain) / _deepest(traced)
+    async_ratio = _deepest(lambda n: asyncio.run(aplain(n))) / _deepest(lambda n: asyncio.run(atraced(n)))
+    assert sync_ratio <= 3.1 and async_ratio <= 2.1, (sync_ratio, async_ratio)
+
+
+def test_a_recursion_error_through_traced_levels_records_bounded_stacktraces(tracing, otel):
+    # each traced level the RecursionError passes records it; the stack below a level grows
+    # with the depth, so unbounded stacktraces cost O(depth^2) frames on the app's thread
+    # (1.9 s for 329 levels); each is now at most STACKTRACE_FRAMES frames per exception
+    import relevancy_tracer
+    from relevancy_tracer.otel.spans import STACKTRACE_FRAMES
+
+    tracing(sample_ratio=0.0)  # content capture on: stacktraces recorded
+
+    @relevancy_tracer.trace(name="runaway")
+    def runaway(n):
+        return runaway(n + 1)
+
+    with pytest.raises(RecursionError):
+        runaway(0)
+    assert relevancy_tracer.flush(10)
+    events = [e for s in otel.exporter.get_finished_spans() if s.name == "runaway" for e in s.events if e.name == "exception"]
+    assert len(events) > 100  # one per traced level
+    frames = [e.attributes["exception.stacktrace"].count('  File "') for e in events]
+    assert max(frames) <= 2 * STACKTRACE_FRAMES, max(frames)  # a RecursionError may carry its context
+    assert all("RecursionError: maximum recursion depth exceeded" in e.attributes["exception.stacktrace"] for e in events)
