@@ -438,3 +438,12 @@ def test_sigterm_while_the_input_blocks_exits_at_once_with_143(server, tmp_path)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "interrupted while reading" in stderr and "nothing scored, nothing written" in stderr and "Traceback" not in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"] and server.requests == []
+
+
+def test_output_equal_to_the_file_standard_input_comes_from_is_refused(server, tmp_path):
+    data = towns(tmp_path / "in.jsonl", 3)
+    before = data.read_bytes()
+    with open(data, "rb") as stdin:
+        proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "score", "-", "-o", str(data), "--no-progress"], env=cli_env(server), stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "is the input file" in proc.stderr, proc.stderr
+    assert data.read_bytes() == before and server.requests == []
