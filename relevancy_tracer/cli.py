@@ -184,33 +184,46 @@ def _refuse_same_file(input_path: str, output: Optional[str]) -> None:
         raise ValueError(f"-o {output} is the input file {input_path}; write the output to another file")
 
 
-class _InputInterrupted(BaseException):
-    """Raised by the signal handler while the input is being read (not an Exception, so no
-    ``except Exception`` on the way catches it)."""
-
-
-def _interrupt_reading() -> None:
-    raise _InputInterrupted
+#: Longest a signal waits for the main thread while the input is read: the read runs on a
+#: thread of its own, and the main thread waits for it in slices of this many seconds.
+SIGNAL_LATENCY = 0.25
 
 
 def _read_input(args: argparse.Namespace, signals: "_StopSignals") -> Optional[list[InputRow]]:
     """The rows of ``args.input`` (at most ``args.limit``), or None when SIGINT or SIGTERM came
-    while reading. A read blocked on a FIFO or pipe whose writer is silent is interrupted by
-    the signal (the handler raises out of the blocked call)."""
+    while reading; raises what :func:`read_rows` raises.
+
+    The input is read on a daemon thread while the main thread waits for it in slices of
+    :data:`SIGNAL_LATENCY` seconds: a read (or the open of a FIFO) blocked on a silent writer
+    cannot hold off a signal, whichever thread of the process the kernel delivered it to (a
+    signal interrupts a blocked system call only in the thread that received it, and the
+    native threads of numpy's BLAS can be that thread)."""
     rows: list[InputRow] = []
-    try:
-        signals.on_stop(_interrupt_reading)
-        for row in read_rows(args.input, args.format):
-            if args.limit is not None and len(rows) >= args.limit:
-                break
-            rows.append(row)
-        signals.on_stop(lambda: None)
-    except _InputInterrupted:
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            for row in read_rows(args.input, args.format):
+                if done.is_set() or (args.limit is not None and len(rows) >= args.limit):
+                    return
+                rows.append(row)
+        except BaseException as exc:  # handed to the main thread
+            failures.append(exc)
+        finally:
+            done.set()
+
+    signals.on_stop(done.set)
+    threading.Thread(target=read, name="relevancy-tracer-input", daemon=True).start()
+    while not done.wait(SIGNAL_LATENCY):
         pass
+    signals.on_stop(lambda: None)
     if signals.signum is not None:
         name = "standard input" if args.input == STDIN else args.input
-        print(f"relevancy-tracer: interrupted while reading {name} ({len(rows)} row(s) read): nothing scored, nothing written", file=sys.stderr)
+        print(f"relevancy-tracer: interrupted while reading {name}: nothing scored, nothing written", file=sys.stderr)
         return None
+    if failures:
+        raise failures[0]
     return rows
 
 

@@ -419,10 +419,47 @@ def test_a_stream_input_is_read_once_and_every_row_scored(server, tmp_path, sour
     assert summary_of(stderr.decode())["scored"] == 300
 
 
+def signal_other_threads(pid, sig):
+    """Send ``sig`` to every thread of process ``pid`` but its main thread (Linux ``tgkill``):
+    a process-directed signal may land on any of them, and one that does cannot interrupt a
+    system call blocked in another thread."""
+    import ctypes
+    import os
+    import platform
+
+    number = {"x86_64": 234, "aarch64": 131}[platform.machine()]  # SYS_tgkill
+    libc = ctypes.CDLL(None, use_errno=True)
+    threads = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    assert threads  # the reader thread, numpy's BLAS threads
+    for tid in threads:
+        assert libc.syscall(number, pid, tid, int(sig)) == 0, ctypes.get_errno()
+
+
+def blocked_in_a_pipe_read(pid, timeout=10.0):
+    """Whether a thread of process ``pid`` sleeps in a pipe or FIFO read (its kernel wait
+    channel), polled until ``timeout`` seconds: no event tells another process this."""
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/wchan") as handle:
+                    if "pipe" in handle.read():
+                        return True
+            except OSError:
+                continue
+        time.sleep(0.01)
+    return False
+
+
 @pytest.mark.timeout(120)
-def test_sigterm_while_the_input_blocks_exits_at_once_with_143(server, tmp_path):
+@pytest.mark.parametrize("target", ["process", "other-threads"])
+def test_sigterm_while_the_input_blocks_exits_at_once_with_143(server, tmp_path, target):
     # a FIFO whose writer sent half a line and went silent: the read blocks; SIGTERM used to be
-    # recorded and the read resumed, for ever
+    # recorded and the read resumed, for ever; delivered to another thread than the one blocked
+    # in the read, it cannot interrupt that read at all
     import os
 
     fifo = tmp_path / "in.jsonl"
@@ -430,7 +467,11 @@ def test_sigterm_while_the_input_blocks_exits_at_once_with_143(server, tmp_path)
     proc = start_cli(server, "score", fifo, "-o", tmp_path / "out.jsonl")
     with open(fifo, "wb", buffering=0) as writer:  # returns once the CLI has opened the FIFO
         writer.write(b'{"question": "Where is Paris?", "ans')
-        proc.send_signal(signal.SIGTERM)
+        assert blocked_in_a_pipe_read(proc.pid)  # waiting for the rest of the line
+        if target == "process":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            signal_other_threads(proc.pid, signal.SIGTERM)
         try:
             _, stderr = proc.communicate(timeout=30)
         finally:
