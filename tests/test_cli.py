@@ -401,17 +401,20 @@ def test_a_stream_input_is_read_once_and_every_row_scored(server, tmp_path, sour
         [sys.executable, "-m", "relevancy_tracer.cli", "score", *map(str, args), "--method", "direct", "--no-progress"],
         env=cli_env(server), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    if source == "fifo":
-        def write():
-            with open(fifo, "wb") as handle:  # opens once the CLI opened the read end
-                handle.write(data)
+    try:
+        if source == "fifo":
+            def write():
+                with open(fifo, "wb") as handle:  # opens once the CLI opened the read end
+                    handle.write(data)
 
-        writer = threading.Thread(target=write, daemon=True)
-        writer.start()
-        stdout, stderr = proc.communicate(timeout=100)
-        writer.join(10)
-    else:
-        stdout, stderr = proc.communicate(data, timeout=100)
+            writer = threading.Thread(target=write, daemon=True)
+            writer.start()
+            stdout, stderr = proc.communicate(timeout=100)
+            writer.join(10)
+        else:
+            stdout, stderr = proc.communicate(data, timeout=100)
+    finally:
+        proc.kill()  # a CLI that hangs must not outlive the test
     assert proc.returncode == 0, stderr.decode()
     rows = [json.loads(l) for l in stdout.decode().splitlines()]
     assert [str(r["id"]) for r in rows] == [str(i) for i in range(300)]
