@@ -1,7 +1,8 @@
 """Command line: ``relevancy-tracer score`` (batch scoring), ``relevancy-tracer calibrate``
 (fit a calibration on labelled rows) and ``relevancy-tracer demo``.
 
-``score INPUT [-o OUTPUT]`` reads JSONL, CSV or Parquet, scores every row concurrently, and
+``score INPUT [-o OUTPUT]`` reads JSONL, CSV or Parquet (a file, a FIFO or pipe, or ``-`` for
+standard input; read once), scores every row concurrently, and
 writes one output row per input row, in input order: the input fields plus score, label,
 explanation, method, components, generated_questions, similarities, noncommittal,
 sub_questions, intent, status, error and usage. A progress bar and a summary (count, mean,
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .config import GENERATION_MODES, NONCOMMITTAL_RULES, Settings, settings_table, with_settings_table
-from .dataset import ColumnMapping, InputRow, RowWriter, read_rows, same_file, write_atomically
+from .dataset import STDIN, ColumnMapping, InputRow, RowWriter, read_rows, same_file, write_atomically
 from .result import RelevancyResult, Status
 from ._logging import mask_credentials, mask_credentials_in
 from ._background.loop import process_loop
@@ -176,9 +177,54 @@ class _StopSignals:
 
 
 def _refuse_same_file(input_path: str, output: Optional[str]) -> None:
-    """ValueError when ``output`` is the input file (same path, symlink or hard link)."""
-    if output and same_file(input_path, output):
+    """ValueError when ``output`` is the input file (same path, symlink or hard link; for ``-``,
+    the file standard input was redirected from)."""
+    source = "/dev/stdin" if input_path == STDIN else input_path
+    if output and same_file(source, output):
         raise ValueError(f"-o {output} is the input file {input_path}; write the output to another file")
+
+
+#: Longest a signal waits for the main thread while the input is read: the read runs on a
+#: thread of its own, and the main thread waits for it in slices of this many seconds.
+SIGNAL_LATENCY = 0.25
+
+
+def _read_input(args: argparse.Namespace, signals: "_StopSignals") -> Optional[list[InputRow]]:
+    """The rows of ``args.input`` (at most ``args.limit``), or None when SIGINT or SIGTERM came
+    while reading; raises what :func:`read_rows` raises.
+
+    The input is read on a daemon thread while the main thread waits for it in slices of
+    :data:`SIGNAL_LATENCY` seconds: a read (or the open of a FIFO) blocked on a silent writer
+    cannot hold off a signal, whichever thread of the process the kernel delivered it to (a
+    signal interrupts a blocked system call only in the thread that received it, and the
+    native threads of numpy's BLAS can be that thread)."""
+    rows: list[InputRow] = []
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            for row in read_rows(args.input, args.format):
+                if done.is_set() or (args.limit is not None and len(rows) >= args.limit):
+                    return
+                rows.append(row)
+        except BaseException as exc:  # handed to the main thread
+            failures.append(exc)
+        finally:
+            done.set()
+
+    signals.on_stop(done.set)
+    threading.Thread(target=read, name="relevancy-tracer-input", daemon=True).start()
+    while not done.wait(SIGNAL_LATENCY):
+        pass
+    signals.on_stop(lambda: None)
+    if signals.signum is not None:
+        name = "standard input" if args.input == STDIN else args.input
+        print(f"relevancy-tracer: interrupted while reading {name}: nothing scored, nothing written", file=sys.stderr)
+        return None
+    if failures:
+        raise failures[0]
+    return rows
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -187,14 +233,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     mapping = ColumnMapping(question=args.question_column, answer=args.answer_column, contexts=args.contexts_column)
     _refuse_same_file(args.input, args.output)
     with _StopSignals() as signals:
-        rows: list[InputRow] = []
-        for row in read_rows(args.input, args.format):
-            if signals.signum is not None:  # stopped while reading: nothing scored, nothing written
-                return signals.exit_status
-            if args.limit is not None and len(rows) >= args.limit:
-                break
-            rows.append(row)
-        if signals.signum is not None:
+        rows = _read_input(args, signals)
+        if rows is None:  # stopped while reading: nothing scored, nothing written
             return signals.exit_status
         return _score_file(args, engine, mapping, rows, signals)
 
@@ -546,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     score = sub.add_parser("score", help="score a JSONL, CSV or Parquet dataset")
-    score.add_argument("input", help="input file (.jsonl, .csv, .parquet)")
+    score.add_argument("input", help="input file (.jsonl, .csv, .parquet), a FIFO or pipe (with --format), or - for standard input (JSONL unless --format)")
     score.add_argument("-o", "--output", help="output file (.jsonl, .csv, .parquet); default: JSONL on stdout")
     score.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="input format (default: from the file name)")
     score.add_argument("--output-format", choices=("jsonl", "csv", "parquet"), help="output format (default: from the file name)")
@@ -560,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.set_defaults(func=cmd_score)
 
     calibrate = sub.add_parser("calibrate", help="fit a calibration (raw score -> probability of relevant) on labelled rows")
-    calibrate.add_argument("input", help="labelled rows (.jsonl, .csv, .parquet) with question, answer and a 0/1 label")
+    calibrate.add_argument("input", help="labelled rows (.jsonl, .csv, .parquet, or - for standard input) with question, answer and a 0/1 label")
     calibrate.add_argument("-o", "--output", required=True, help="calibration JSON file to write")
     calibrate.add_argument("--label-column", default="label", help="column or dotted path of the 0/1 label (1: the answer addresses the question)")
     calibrate.add_argument("--raw-column", help="use raw scores from this column instead of scoring the rows (e.g. raw_score of a `score` output made with the same settings)")

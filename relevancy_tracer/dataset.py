@@ -18,7 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional, Union
 
 Column = Union[str, Callable[[Any], Any], None]
 
@@ -186,32 +186,87 @@ def _not_utf8(record: dict) -> Optional[str]:
     return None
 
 
-def _csv_rows(path: Path) -> Iterator[InputRow]:
+def _csv_rows(handle: BinaryIO, delimiter: str) -> Iterator[InputRow]:
     # Fields are as long as the data has them: the csv module's default cap (128 KiB) would
     # abort the whole run on one long answer; the length limits apply later, when scoring.
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
-        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-        reader = csv.DictReader(handle, delimiter=delimiter)
-        number = 1
-        while True:
-            number += 1
-            try:
-                record = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as exc:
-                yield InputRow(number, None, f"line {number}: not CSV ({exc})")
-                continue
-            column = _not_utf8(record)
-            if column is not None:
-                yield InputRow(number, None, f"line {number}: not UTF-8 (column {column!r})")
-                continue
-            yield InputRow(number, dict(record))
+    # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name
+    text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
+    reader = csv.DictReader(text, delimiter=delimiter)
+    number = 1
+    while True:
+        number += 1
+        try:
+            record = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield InputRow(number, None, f"line {number}: not CSV ({exc})")
+            continue
+        column = _not_utf8(record)
+        if column is not None:
+            yield InputRow(number, None, f"line {number}: not UTF-8 (column {column!r})")
+            continue
+        yield InputRow(number, dict(record))
+
+
+STDIN = "-"
+"""The input path that means standard input (read as JSONL unless a format is given)."""
+
+SNIFF_BYTES = 8192
+"""How much of a JSONL/CSV input is checked for a NUL byte (a binary file) before any row is read."""
+
+
+class _Replay(io.RawIOBase):
+    """A read-once stream with its first bytes already read (``head``) put back in front: what
+    is sniffed from a pipe or FIFO is not lost, and the input is never opened twice."""
+
+    def __init__(self, head: bytes, rest: BinaryIO):
+        super().__init__()
+        self._head = memoryview(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            count = min(len(buffer), len(self._head))
+            buffer[:count] = self._head[:count]
+            self._head = self._head[count:]
+            return count
+        read = getattr(self._rest, "read1", self._rest.read)
+        data = read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _open_input(path: Union[str, Path]) -> tuple[BinaryIO, bool]:
+    """The input as a binary stream, opened once, and whether to close it (not standard input)."""
+    if str(path) == STDIN:
+        return sys.stdin.buffer, False
+    return open(path, "rb"), True
+
+
+def _read_head(handle: BinaryIO, size: int) -> bytes:
+    """Up to ``size`` bytes from the start of a stream (fewer only at its end)."""
+    parts, have = [], 0
+    while have < size:
+        data = handle.read(size - have)
+        if not data:
+            break
+        parts.append(data)
+        have += len(data)
+    return b"".join(parts)
 
 
 def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[InputRow]:
     """Records of a JSONL, CSV or Parquet file, in file order.
+
+    ``path`` may be a regular file or a stream (a FIFO, ``/dev/stdin``, a process substitution),
+    or ``"-"`` for standard input (JSONL unless ``fmt`` says otherwise): the input is opened
+    once and read once, from its start to its end, so nothing a pipe delivers is lost. A
+    UTF-8 byte-order mark at the start of a JSONL or CSV input is skipped.
 
     A line that cannot be read (not UTF-8, not JSON, not an object, nested deeper than
     :data:`MAX_JSON_DEPTH`, a string with a lone surrogate; a CSV record that is not UTF-8 or
@@ -219,29 +274,40 @@ def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[Inp
     blank JSONL lines are skipped. CSV fields may be of any length.
 
     Raises ``OSError`` when the file cannot be opened, ``ValueError`` for an unknown format or a
-    JSONL/CSV file that is binary (a NUL byte in its first 8 KiB), and ``ImportError`` for
-    Parquet without pyarrow."""
+    JSONL/CSV file that is binary (a NUL byte in its first :data:`SNIFF_BYTES` bytes), and
+    ``ImportError`` for Parquet without pyarrow. Parquet from a stream is read into memory
+    whole (its footer is at the end)."""
+    stdin = str(path) == STDIN
     path = Path(path)
-    kind = _format_of(path, fmt)
-    if kind != "parquet":
-        with open(path, "rb") as handle:
-            if b"\0" in handle.read(8192):  # as git and grep tell binary files: a NUL byte
-                raise ValueError(f"{path} is not a text file (it holds NUL bytes), so not {kind.upper()}")
-    if kind == "jsonl":
-        with open(path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                row = _jsonl_row(number, raw)
-                if row is not None:
-                    yield row
-    elif kind == "csv":
-        yield from _csv_rows(path)
-    else:
+    kind = _format_of(path, fmt or ("jsonl" if stdin else None))
+    name = "standard input" if stdin else str(path)
+    if kind == "parquet":
         try:
+            import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise ImportError("Parquet needs pyarrow: pip install 'relevancy-tracer[pandas]'") from exc
-        for number, record in enumerate(pq.read_table(path).to_pylist(), start=1):
-            yield InputRow(number, record)
+    handle, owned = _open_input(path)
+    try:
+        if kind == "parquet":
+            source = handle if handle.seekable() else pa.BufferReader(handle.read())
+            for number, record in enumerate(pq.read_table(source).to_pylist(), start=1):
+                yield InputRow(number, record)
+            return
+        head = _read_head(handle, SNIFF_BYTES)
+        if b"\0" in head:  # as git and grep tell binary files: a NUL byte
+            raise ValueError(f"{name} is not a text file (it holds NUL bytes), so not {kind.upper()}")
+        stream = io.BufferedReader(_Replay(head, handle))
+        if kind == "jsonl":
+            for number, raw in enumerate(stream, start=1):
+                row = _jsonl_row(number, raw)
+                if row is not None:
+                    yield row
+        else:
+            yield from _csv_rows(stream, "\t" if path.suffix.lower() == ".tsv" else ",")
+    finally:
+        if owned:
+            handle.close()
 
 
 def same_file(first: Union[str, Path], second: Union[str, Path]) -> bool:

@@ -370,3 +370,124 @@ def test_backfill_with_an_unreadable_state_file_is_a_clean_error(server, tmp_pat
     assert proc.returncode == 2, proc.stderr
     assert f"cannot read the state file {state}" in proc.stderr and "delete it" in proc.stderr and "Traceback" not in proc.stderr
     assert state.read_bytes() == content
+
+
+def town_rows(count):
+    """``count`` JSONL rows (about 80 bytes each) as bytes."""
+    return b"".join(json.dumps({"id": i, "question": f"Where is town {i}?", "answer": f"Town {i} is in France."}).encode() + b"\n" for i in range(count))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("source", ["fifo", "/dev/stdin", "-", "-csv-bom"])
+def test_a_stream_input_is_read_once_and_every_row_scored(server, tmp_path, source):
+    # 300 rows, over twice the 8 KiB the binary sniff reads first: a FIFO opened twice
+    # waited forever for a second writer; a pipe on /dev/stdin lost the sniffed bytes
+    import os
+    import threading
+
+    data = town_rows(300)
+    assert len(data) > 2 * 8192
+    args, stdin = [], subprocess.PIPE
+    if source == "fifo":
+        fifo = tmp_path / "in.jsonl"
+        os.mkfifo(fifo)
+        args, stdin = [fifo], subprocess.DEVNULL
+    elif source == "-csv-bom":  # Excel's "CSV UTF-8": a byte-order mark before the header
+        data = b"\xef\xbb\xbfid,question,answer\r\n" + b"".join(f'{i},Where is town {i}?,"Town {i} is in France."\r\n'.encode() for i in range(300))
+        args = ["-", "--format", "csv"]
+    else:
+        args = [source] + (["--format", "jsonl"] if source != "-" else [])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relevancy_tracer.cli", "score", *map(str, args), "--method", "direct", "--no-progress"],
+        env=cli_env(server), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        if source == "fifo":
+            def write():
+                with open(fifo, "wb") as handle:  # opens once the CLI opened the read end
+                    handle.write(data)
+
+            writer = threading.Thread(target=write, daemon=True)
+            writer.start()
+            stdout, stderr = proc.communicate(timeout=100)
+            writer.join(10)
+        else:
+            stdout, stderr = proc.communicate(data, timeout=100)
+    finally:
+        proc.kill()  # a CLI that hangs must not outlive the test
+    assert proc.returncode == 0, stderr.decode()
+    rows = [json.loads(l) for l in stdout.decode().splitlines()]
+    assert [str(r["id"]) for r in rows] == [str(i) for i in range(300)]
+    assert all(r["status"] == "scored" for r in rows), {r["status"] for r in rows}
+    assert summary_of(stderr.decode())["scored"] == 300
+
+
+def signal_other_threads(pid, sig):
+    """Send ``sig`` to every thread of process ``pid`` but its main thread (Linux ``tgkill``):
+    a process-directed signal may land on any of them, and one that does cannot interrupt a
+    system call blocked in another thread."""
+    import ctypes
+    import os
+    import platform
+
+    number = {"x86_64": 234, "aarch64": 131}[platform.machine()]  # SYS_tgkill
+    libc = ctypes.CDLL(None, use_errno=True)
+    threads = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    assert threads  # the reader thread, numpy's BLAS threads
+    for tid in threads:
+        assert libc.syscall(number, pid, tid, int(sig)) == 0, ctypes.get_errno()
+
+
+def blocked_in_a_pipe_read(pid, timeout=10.0):
+    """Whether a thread of process ``pid`` sleeps in a pipe or FIFO read (its kernel wait
+    channel), polled until ``timeout`` seconds: no event tells another process this."""
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/wchan") as handle:
+                    if "pipe" in handle.read():
+                        return True
+            except OSError:
+                continue
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("target", ["process", "other-threads"])
+def test_sigterm_while_the_input_blocks_exits_at_once_with_143(server, tmp_path, target):
+    # a FIFO whose writer sent half a line and went silent: the read blocks; SIGTERM used to be
+    # recorded and the read resumed, for ever; delivered to another thread than the one blocked
+    # in the read, it cannot interrupt that read at all
+    import os
+
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    proc = start_cli(server, "score", fifo, "-o", tmp_path / "out.jsonl")
+    with open(fifo, "wb", buffering=0) as writer:  # returns once the CLI has opened the FIFO
+        writer.write(b'{"question": "Where is Paris?", "ans')
+        assert blocked_in_a_pipe_read(proc.pid)  # waiting for the rest of the line
+        if target == "process":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            signal_other_threads(proc.pid, signal.SIGTERM)
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted while reading" in stderr and "nothing scored, nothing written" in stderr and "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"] and server.requests == []
+
+
+def test_output_equal_to_the_file_standard_input_comes_from_is_refused(server, tmp_path):
+    data = towns(tmp_path / "in.jsonl", 3)
+    before = data.read_bytes()
+    with open(data, "rb") as stdin:
+        proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "score", "-", "-o", str(data), "--no-progress"], env=cli_env(server), stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "is the input file" in proc.stderr, proc.stderr
+    assert data.read_bytes() == before and server.requests == []

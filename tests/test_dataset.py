@@ -95,3 +95,46 @@ def test_row_writer_writes_every_row_of_any_shape(rows, kind):
                 assert len(list(csv.DictReader(handle))) == (len(rows) if any(rows) else 0)
         else:
             assert pq.read_table(path).num_rows == (len(rows) if any(rows) else 0)
+
+
+def _feed_fifo(path: Path, data: bytes) -> "threading.Thread":
+    """Create a FIFO at ``path`` and write ``data`` into it from a thread (the open blocks until
+    the reader opens it); the writer closes it at the end (EOF for the reader)."""
+    import os
+    import threading
+
+    os.mkfifo(path)
+
+    def write() -> None:
+        with open(path, "wb") as handle:
+            handle.write(data)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(60)  # read twice, the FIFO's second open waited forever
+def test_a_fifo_is_opened_once_and_read_whole(tmp_path):
+    # 300 rows, 3x the NUL sniff's 8 KiB: the sniff's bytes are rows too, and a second open of
+    # the FIFO would wait for a writer that never comes
+    rows = [{"id": i, "question": f"Where is town {i}?", "answer": f"Town {i} is in France, not far from the sea."} for i in range(300)]
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+    assert len(data) > 3 * 8192
+    writer = _feed_fifo(tmp_path / "in.jsonl", data)
+    got = list(read_rows(tmp_path / "in.jsonl"))
+    writer.join(10)
+    assert [r.data for r in got] == rows and [r.line for r in got] == list(range(1, 301))
+
+
+@pytest.mark.parametrize("kind", ["csv", "tsv", "jsonl"])
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path, kind):
+    path = tmp_path / f"in.{kind}"
+    if kind == "jsonl":
+        text = "".join(json.dumps({"question": f"Q{i}?", "answer": f"A{i}."}) + "\n" for i in range(3))
+    else:
+        sep = "\t" if kind == "tsv" else ","
+        text = f"question{sep}answer\r\n" + "".join(f"Q{i}?{sep}A{i}.\r\n" for i in range(3))
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())  # Excel's "CSV UTF-8" starts so
+    rows = list(read_rows(path))
+    assert [r.data for r in rows] == [{"question": f"Q{i}?", "answer": f"A{i}."} for i in range(3)]

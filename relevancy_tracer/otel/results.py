@@ -74,6 +74,18 @@ def outcome_attributes(
     return attrs
 
 
+_plain_outcomes: dict[str, dict[str, Any]] = {}
+
+
+def plain_outcome(status: str) -> dict[str, Any]:
+    """:func:`outcome_attributes` of ``status`` alone (no result, error, type or reason), built
+    once per status: the unsampled call's path writes it on every call. Shared: do not mutate."""
+    attrs = _plain_outcomes.get(status)
+    if attrs is None:
+        attrs = _plain_outcomes[status] = outcome_attributes(status, capture_content=False, limit=0)
+    return attrs
+
+
 def evaluation_event(result: RelevancyResult, evaluation: Optional[str] = None) -> dict[str, Any]:
     """Attributes of the ``gen_ai.evaluation.result`` event (a span event, or the service's log
     record) for ``result``, with the evaluation id and evaluator version."""

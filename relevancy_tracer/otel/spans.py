@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any, Iterator, Optional, Sequence
 
 from opentelemetry import context as otel_context
@@ -39,6 +40,10 @@ def suppressed_instrumentation() -> Iterator[None]:
         otel_context.detach(token)
 
 
+#: A UTF-16 surrogate code point: never valid on its own in a str that is to be UTF-8 encoded.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def encodable(text: str) -> str:
     """``text`` with every character UTF-8 cannot encode (lone surrogates such as ``"\\ud800"``,
     common in JSON from clients) replaced by U+FFFD, so encoding the export batch cannot fail.
@@ -47,14 +52,17 @@ def encodable(text: str) -> str:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
-        return "".join(ch if not 0xD800 <= ord(ch) <= 0xDFFF else "\ufffd" for ch in text)
+        return _SURROGATE.sub("\ufffd", text)
 
 
 def clip(text: str, limit: int) -> str:
-    """``text`` made encodable (:func:`encodable`) and cut to ``limit`` characters (with a
-    marker when cut)."""
-    text = encodable(text)
-    return text if len(text) <= limit else text[: max(0, limit - 15)] + "...[truncated]"
+    """``text`` cut to ``limit`` characters (with a marker when cut) and made encodable
+    (:func:`encodable`). Cut first: the repair replaces one character by one, so cutting
+    first gives the same text, and the cost is O(``limit``) whatever the length of ``text``
+    (a 10 MB answer with a lone surrogate costs what 8,000 characters cost)."""
+    if len(text) > limit:
+        text = text[: max(0, limit - 15)] + "...[truncated]"
+    return encodable(text)
 
 
 def content_attributes(question: Optional[str], answer: Optional[str], contexts: Optional[Sequence[str]], limit: int) -> dict[str, Any]:
@@ -140,21 +148,45 @@ def exception_type(exc: BaseException) -> str:
     return kind.__qualname__ if module in ("builtins", "") else f"{module}.{kind.__qualname__}"
 
 
+STACKTRACE_FRAMES = 32
+"""Frames of ``exception.stacktrace`` per exception of the chain, from the traced function's own
+frame down. A RecursionError passing through N traced levels is recorded N times, each with the
+depth below it: unbounded, that was O(N^2) frames on the app's thread (1.9 s for 329 levels)."""
+
+
+def format_stacktrace(exc: BaseException, frames: int = STACKTRACE_FRAMES) -> str:
+    """``exc`` formatted as ``traceback.format_exception`` does (its chain of causes and
+    contexts, exception groups), with at most ``frames`` frames per exception and without
+    Python 3.11's caret lines (``^^^^``), which cost a ``compile()`` of the source line per
+    frame: O(``frames``) per exception in the chain, whatever the depth of the stack."""
+    import traceback
+
+    summary = traceback.TracebackException(type(exc), exc, exc.__traceback__, limit=frames, lookup_lines=False)
+    pending, seen = [summary], set()
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        item.stack = traceback.StackSummary.from_list([(f.filename, f.lineno, f.name, f.line) for f in item.stack])
+        pending.extend(e for e in (item.__cause__, item.__context__, *(getattr(item, "exceptions", None) or ())) if e is not None)
+    return "".join(summary.format())
+
+
 def record_exception(span: Any, exc: BaseException, *, capture_content: bool, limit: int) -> None:
     """The app's exception as an ``exception`` span event and an ERROR status.
 
     With ``capture_content`` the event has the type, message and stack trace (as the SDK's
-    ``record_exception``, with unencodable characters replaced); without it only the type, and
+    ``record_exception``, with unencodable characters replaced, at most
+    :data:`STACKTRACE_FRAMES` frames per exception of the chain); without it only the type, and
     the status description is the type: an exception message may quote the user's text.
     """
-    import traceback
-
     attributes: dict[str, Any] = {"exception.type": exception_type(exc)}
     description = attributes["exception.type"]
     if capture_content:
         message = clip(str(exc), limit)
         attributes["exception.message"] = message
-        attributes["exception.stacktrace"] = clip("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), limit * 4)
+        attributes["exception.stacktrace"] = clip(format_stacktrace(exc), limit * 4)
         description = f"{description}: {message}"
     span.add_event("exception", attributes)
     from opentelemetry.trace import Status as SpanStatus, StatusCode

@@ -38,7 +38,7 @@ from opentelemetry.trace import SpanKind
 from .._logging import log_failure
 from .extraction import CallInfo, ExtractionError, Extractor, cap_contexts
 from ..otel import attributes as A
-from ..otel.results import outcome_attributes, record_outcome
+from ..otel.results import outcome_attributes, plain_outcome, record_outcome
 from ..otel.spans import content_attributes, record_exception
 from ..result import Status
 from .job import EvaluationJob
@@ -51,6 +51,10 @@ logger = logging.getLogger("relevancy_tracer")
 
 #: Exceptions that end a call without it failing: task cancellation and a generator's close().
 NOT_ERRORS = (asyncio.CancelledError, GeneratorExit)
+
+
+#: The attributes every traced call's span starts with (the SDK copies them; never mutated).
+_START_ATTRIBUTES = {A.OPENINFERENCE_SPAN_KIND: A.SPAN_KIND_CHAIN}
 
 
 class TraceOptions:
@@ -94,7 +98,7 @@ class CallState:
         """Start the call's span and make it current. None when this failed (the call then
         runs untraced)."""
         try:
-            span = runtime.otel_tracer.start_span(options.name, kind=SpanKind.INTERNAL, attributes={A.OPENINFERENCE_SPAN_KIND: A.SPAN_KIND_CHAIN})
+            span = runtime.otel_tracer.start_span(options.name, kind=SpanKind.INTERNAL, attributes=_START_ATTRIBUTES)
             token = otel_context.attach(trace.set_span_in_context(span))
             return cls(runtime, options, span, token)
         except Exception:
@@ -175,22 +179,24 @@ class CallState:
             if not recording and not settings.score_unrecorded:
                 self._end_now(Status.NOT_SAMPLED, reason="trace_not_recorded", end_time=end_time)
                 return
+            trace_id = span.get_span_context().trace_id
+            sampler = runtime.sampler
+            by_trace_id = type(sampler) in TRACE_ID_SAMPLERS  # decides on the trace id alone
+            if by_trace_id and not sampler.sample_trace_id(trace_id):  # type: ignore[attr-defined]
+                self._end_not_sampled(end_time)  # the common path: nothing is bound or built
+                return
             call = CallInfo(args, kwargs, options.extractor.arguments(args, kwargs, bound=options.bound or instance is not None), result, instance)
             if self.chunks is not None:
                 call.result = "".join(self.chunks)
-            trace_id = span.get_span_context().trace_id
-            sampler = runtime.sampler
-            try:
-                if type(sampler) in TRACE_ID_SAMPLERS:  # decides on the trace id alone
-                    sampled = sampler.sample_trace_id(trace_id)  # type: ignore[attr-defined]
-                else:
+            if not by_trace_id:
+                try:
                     sampled = sampler.should_sample(SamplingContext(trace_id, options.name, arguments=call.arguments, extract=lambda: self._extract(call)))
-            except Exception as exc:
-                self._end_now(Status.ERROR, f"sampler raised {type(exc).__name__}", end_time=end_time, error_type="sampler")
-                return
-            if not sampled:
-                self._end_now(Status.NOT_SAMPLED, end_time=end_time)
-                return
+                except Exception as exc:
+                    self._end_now(Status.ERROR, f"sampler raised {type(exc).__name__}", end_time=end_time, error_type="sampler")
+                    return
+                if not sampled:
+                    self._end_now(Status.NOT_SAMPLED, end_time=end_time)
+                    return
             try:
                 question, answer, contexts = self._extract(call)
             except ExtractionError as exc:
@@ -238,6 +244,20 @@ class CallState:
             self.span.end(end_time=end_time)
         except Exception:
             log_failure("ending a span failed", self.runtime.settings.capture_content)
+
+    def _end_not_sampled(self, end_time: int) -> None:
+        """:meth:`_end_now` for ``not_sampled`` without a reason, the unsampled call's path: the
+        same attributes and count, from :func:`~relevancy_tracer.otel.results.plain_outcome`."""
+        attrs = plain_outcome(Status.NOT_SAMPLED)
+        try:
+            self.span.set_attributes(attrs)
+        except Exception:
+            pass
+        self._end_span(end_time)
+        try:
+            self.runtime.metrics.count(self.options.name, Status.NOT_SAMPLED)
+        except Exception:
+            pass
 
     def _end_now(
         self,

@@ -191,10 +191,18 @@ def _untouchable(result: Any, awaitables: bool) -> Optional[str]:
     return None
 
 
+#: Return types that are neither awaitables, iterators nor generators (checked by type first:
+#: the ABC checks of :func:`_untouchable` cost more than the rest of an unsampled call's logic).
+_PLAIN_RESULTS = frozenset({str, dict, list, tuple, int, float, bool, bytes, type(None)})
+
+
 def _finish(state: CallState, result: Any, args: tuple, kwargs: dict, instance: Any, awaitables: bool) -> Any:
     """After a normal return: hand the call to the tracer, and return ``result`` itself (or, for
     ``stream=True`` and a returned generator, the delegating stream)."""
     try:
+        if type(result) in _PLAIN_RESULTS:
+            state.succeed(args, kwargs, result, instance)
+            return result
         if state.options.stream and isinstance(result, (types.GeneratorType, types.AsyncGeneratorType)):
             try:
                 return _wrap_stream(result, state, args, kwargs, instance)
@@ -242,7 +250,8 @@ def _make_wrapper(kind: str, options: TraceOptions) -> Callable[..., Any]:
         return async_wrapper
 
     def sync_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        state = _begin(options)
+        runtime = _runtime()  # _begin(options), inlined: this is every traced call's path
+        state = CallState.begin(runtime, options) if runtime is not None else None
         if state is None:
             return wrapped(*args, **kwargs)
         try:
