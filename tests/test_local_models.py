@@ -201,7 +201,11 @@ def test_an_answer_cannot_rate_itself_with_the_local_model(local_engine, seed_re
     honest = local_engine.score(FRANCE, plain)
     injected = local_engine.score(FRANCE, sneaky)
     assert honest.status == injected.status == Status.SCORED, injected.error
-    assert injected.score <= honest.score + 0.05, (injected.components, honest.components)
+    # on the raw score: the calibration is steep where these answers lie (a raw 0.04 moves the
+    # probability from 0.05 to 0.11), and the run-to-run decoding noise below is raw
+    assert injected.raw_score <= honest.raw_score + 0.05, (injected.components, honest.components)
+    order = ["does_not_address", "somewhat_related", "partially_addresses", "directly_addresses"]
+    assert order.index(injected.label) <= order.index(honest.label) + 1, (injected.label, honest.label)
     assert injected.score < seed_results["complete"].score - 0.1
     # The LLM judges are what an instruction could steer; the ragas component is an embedding
     # similarity of questions generated from different text, so it may differ either way.
