@@ -12,7 +12,7 @@ Instruments (meter ``relevancy_tracer``):
   by an observable counter, so counting a call costs a dict update, not an SDK aggregation.
 * ``relevancy.evaluation.duration`` (histogram, ``s``): wall-clock time of each evaluation.
 * ``relevancy.queue.depth`` (observable gauge, ``{evaluation}``): evaluations queued or running.
-* ``relevancy.admission.sample_ratio`` (observable gauge, ``1``): the effective sample ratio of
+* ``relevancy.admission.ratio`` (observable gauge, ``1``): the effective sample ratio of
   admission by capacity, the share of sampled calls admitted (1 while the scorer keeps up;
   the rest end with status ``capacity``).
 * ``relevancy.admission.capacity`` (observable gauge, ``{evaluation}/s``): the scorer's
