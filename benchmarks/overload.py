@@ -24,7 +24,9 @@ the phase's end, and the machine's 1-minute load average before and after.
 Variants (``--variants``): ``paced-host`` (the scripted chat model of
 ``benchmarks.model_host`` in the model host, one request at a time after ``--pace`` seconds,
 asleep: about the embedded model's pace; loads no model) and ``default`` (the embedded
-default: run it under the model lock with ``OMP_WAIT_POLICY=PASSIVE``)::
+default: run it under the model lock with ``OMP_WAIT_POLICY=PASSIVE``). The model host is
+shared per model set and machine: a ``paced-host`` host left by an earlier run (its idle
+timeout is 60 s) keeps the pace it started with::
 
     python -m benchmarks.overload --variants paced-host --out benchmarks/results/overload.json
     OMP_WAIT_POLICY=PASSIVE flock /tmp/relevancy-model.lock python -m benchmarks.overload --variants default --seconds 150 --calibrate-seconds 120 --merge --out benchmarks/results/overload.json

@@ -78,6 +78,24 @@ def test_the_admitted_share_follows_the_measured_capacity_and_recovers():
     assert capacity.ratio == 1.0 and all(capacity.admit(t, 0) is None for t in ids[:100])
 
 
+def test_the_threshold_nests_in_the_sample_ratio_the_calls_were_sampled_at():
+    """With sample_ratio 0.1 every offered call is under 0.1 * 2**64: the admission's threshold
+    is a share of that range, so it still sheds (a threshold on the raw range would admit all)."""
+    import random
+
+    clock = Clock()
+    capacity = Capacity(2, 60.0, clock=clock, base_ratio=0.1)
+    capacity.observe(10.0, busy=True)
+    for _ in range(60):
+        clock.now += 1.0
+        capacity.offered += 1  # 1 offered/s against 0.2/s: ratio 0.22
+        capacity.update()
+    rng = random.Random(5)
+    offered = [rng.randrange(1, int(0.1 * 2**64)) for _ in range(20000)]  # what the ratio sampler let through
+    admitted = sum(capacity.admit(t, 0) is None for t in offered)
+    assert admitted / len(offered) == pytest.approx(capacity.ratio, rel=0.1) and capacity.ratio < 0.5
+
+
 def test_expected_wait_bounds_the_depth_but_an_idle_scorer_always_takes_a_call():
     capacity = Capacity(4, 60.0)
     assert capacity.admit(1, 10**6) is None  # nothing measured yet: no bound

@@ -13,7 +13,8 @@ O(1) reads on the caller's thread:
 * **Fair sample.** From the offered rate ``L`` (calls submitted per second, smoothed over about
   :data:`WINDOW` seconds) the effective sample ratio is ``r = min(1, HEADROOM * capacity / L)``,
   applied as a threshold on the trace id with the rule of the ratio sampler (lower 64 bits below
-  ``r * 2**64``), so the calls scored under overload stay a representative sample, and every
+  ``r * sample_ratio * 2**64``: nested in the ``sample_ratio`` sampler's own threshold), so the
+  calls scored under overload stay a representative sample, and every
   service of a trace decides alike. Calls above the threshold end at once: status
   ``capacity``, reason ``sample``.
 * **Expected wait.** A call is admitted only when its expected finish, ``D * max(1, (n + 1) /
@@ -56,6 +57,10 @@ class Capacity:
         concurrency: evaluations the queue runs at once (>= 1).
         budget: seconds from submission by which a result should be written (> 0): the answer
             span's ``hold_timeout``, or ``evaluation_timeout`` for evaluation spans.
+        base_ratio: the trace-id ratio the calls offered were already sampled at (the
+            ``sample_ratio`` setting, in (0, 1]): they all lie under ``base_ratio * 2**64``, so
+            the admission's threshold is ``ratio * base_ratio * 2**64``, nested in it
+            (consistent sampling: the admitted calls are a fair sample of the offered ones).
         clock: monotonic seconds (injectable for tests).
 
     Attributes (read without a lock; written on the background loop):
@@ -66,13 +71,14 @@ class Capacity:
             admitted.
     """
 
-    def __init__(self, concurrency: int, budget: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, concurrency: int, budget: float, clock: Callable[[], float] = time.monotonic, base_ratio: float = 1.0):
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if not budget > 0:
             raise ValueError(f"budget must be > 0, got {budget}")
         self.concurrency = int(concurrency)
         self.budget = float(budget)
+        self.base_ratio = min(1.0, max(0.0, float(base_ratio))) or 1.0
         self._clock = clock
         self.duration: Optional[float] = None  # mean duration with every slot busy
         self._duration_any: Optional[float] = None  # mean duration of any evaluation
@@ -138,7 +144,7 @@ class Capacity:
         else:
             ratio = min(1.0, HEADROOM * capacity / self.offered_rate)
         self.ratio = ratio
-        self.bound = round(ratio * (_TRACE_ID_LIMIT + 1))
+        self.bound = round(ratio * self.base_ratio * (_TRACE_ID_LIMIT + 1))
         self._limit()
 
     def _limit(self) -> None:

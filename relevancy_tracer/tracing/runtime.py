@@ -56,7 +56,7 @@ class Runtime:
         # admission by capacity: a call is queued only when its result can be written in time
         # (by the end of the answer span's hold, or within evaluation_timeout on an evaluation span)
         budget = settings.hold_timeout if settings.attach == "answer_span" else settings.evaluation_timeout
-        self.capacity = Capacity(settings.concurrency, budget)
+        self.capacity = Capacity(settings.concurrency, budget, base_ratio=settings.sample_ratio)
         self.jobs = JobQueue(queue_size=settings.queue_size, concurrency=settings.concurrency, loop=self.loop, capacity=self.capacity)
         self.sampler = build_sampler(settings.sample_ratio, settings.rate_limit, settings.sampler)
         self.otel_tracer = trace.get_tracer("relevancy_tracer", __version__)
@@ -86,7 +86,7 @@ class Runtime:
     def _renew_after_fork(self) -> None:
         self.jobs.reset_after_fork()
         # a child measures its own share of the model host from scratch
-        self.capacity = self.jobs.capacity = Capacity(self.capacity.concurrency, self.capacity.budget)
+        self.capacity = self.jobs.capacity = Capacity(self.capacity.concurrency, self.capacity.budget, base_ratio=self.capacity.base_ratio)
         self.metrics.admission = self.capacity
         self.sampler = build_sampler(self.settings.sample_ratio, self.settings.rate_limit, self.settings.sampler)
 
