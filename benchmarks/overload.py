@@ -6,8 +6,11 @@ Each variant runs in its own child process, with the tracer's default settings (
 ``sample_ratio`` 1) and an SDK TracerProvider with no exporter (real trace ids, spans dropped):
 
 1. **Capacity.** The queue is kept full (``2 x concurrency`` calls outstanding, no deadline:
-   ``hold_timeout`` and ``evaluation_timeout`` 3600 s) for ``--calibrate-seconds``; capacity is
-   the evaluations finished per second between the first and the last one finished.
+   ``hold_timeout`` and ``evaluation_timeout`` 3600 s, no admission control) for
+   ``--calibrate-seconds`` and until ``--calibrate-evaluations`` have finished; capacity is the
+   evaluations finished per second between the first and the last one finished. The calls
+   still outstanding are then finished (not cancelled: a model host would go on computing
+   them into the first phase).
 2. **Phases.** The tracer is configured again with the defaults; for each factor of
    ``--factors`` (default 0.5, 1, 2, 5, 10) a traced handler (about 10 ms of Python CPU work,
    as in ``benchmarks.model_host``) is called at ``factor x capacity`` calls per second, at a
@@ -88,7 +91,7 @@ def configure(variant: str, outcomes: Outcomes, **overrides: Any) -> None:
     relevancy_tracer.configure(**options)
 
 
-def child(variant: str, factors: list[float], seconds: float, calibrate_seconds: float, n: int) -> dict:
+def child(variant: str, factors: list[float], seconds: float, calibrate_seconds: float, n: int, calibrate_evaluations: int = 12) -> dict:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -136,7 +139,7 @@ def child(variant: str, factors: list[float], seconds: float, calibrate_seconds:
     start = time.monotonic()
     first_done = len(outcomes.finished_at)
     i = 0
-    while time.monotonic() - start < calibrate_seconds:
+    while time.monotonic() - start < calibrate_seconds or len(outcomes.finished_at) - first_done < calibrate_evaluations:
         with outcomes.lock:
             outcomes.lock.wait_for(lambda: offered - len(outcomes.by_trace) < 2 * concurrency, 1.0)
         while offered - len(outcomes.by_trace) < 2 * concurrency:
@@ -149,8 +152,9 @@ def child(variant: str, factors: list[float], seconds: float, calibrate_seconds:
     if not capacity:
         raise SystemExit("capacity: fewer than two evaluations finished; raise --calibrate-seconds")
 
-    # 2. phases at multiples of it, default settings (the calibration's outstanding calls are
-    # cancelled by the new configuration: they are not counted)
+    relevancy_tracer.flush(3600)  # the outstanding calls: finished, not left running in the host
+
+    # 2. phases at multiples of it, default settings
     configure(variant, outcomes)
     hold = lifecycle.current().settings.hold_timeout
     runtime = lifecycle.current()
@@ -201,13 +205,14 @@ def child(variant: str, factors: list[float], seconds: float, calibrate_seconds:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
-        print(json.dumps(child(sys.argv[2], [float(f) for f in sys.argv[3].split(",")], float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]))))
+        print(json.dumps(child(sys.argv[2], [float(f) for f in sys.argv[3].split(",")], float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]))))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", default="paced-host", help=f"comma-separated, of: {', '.join(VARIANTS)}")
     parser.add_argument("--factors", default="0.5,1,2,5,10", help="offered rates as multiples of the measured capacity")
     parser.add_argument("--seconds", type=float, default=180.0, help="seconds per phase")
-    parser.add_argument("--calibrate-seconds", type=float, default=90.0, help="seconds of the capacity measurement")
+    parser.add_argument("--calibrate-seconds", type=float, default=90.0, help="least seconds of the capacity measurement")
+    parser.add_argument("--calibrate-evaluations", type=int, default=12, help="least evaluations finished in the capacity measurement")
     parser.add_argument("--pace", type=float, default=2.5, help="seconds per chat request of the paced-host variant's scripted model")
     parser.add_argument("--out", help="write the results as JSON")
     parser.add_argument("--merge", action="store_true", help="keep the other variants already in --out")
@@ -219,7 +224,7 @@ def main() -> int:
     ok = True
     for variant in args.variants.split(","):
         env = dict(os.environ, MODEL_HOST_BENCH_PACE=str(args.pace))
-        out = subprocess.run([sys.executable, "-m", "benchmarks.overload", "child", variant, args.factors, str(args.seconds), str(args.calibrate_seconds), str(n)], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        out = subprocess.run([sys.executable, "-m", "benchmarks.overload", "child", variant, args.factors, str(args.seconds), str(args.calibrate_seconds), str(n), str(args.calibrate_evaluations)], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         if out.returncode != 0:
             raise SystemExit(f"{variant} failed (exit {out.returncode})")
         row = json.loads(out.stdout.strip().splitlines()[-1])
