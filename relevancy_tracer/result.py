@@ -11,8 +11,11 @@ class Status:
     """Status names of one evaluation (``RelevancyResult.status``, span ``relevancy.status``).
 
     Engine statuses: ``scored`` and the named failures below. The tracer adds ``not_sampled``,
-    ``dropped``, ``timeout``, ``shutdown``, ``skipped`` (the app raised or returned nothing the
-    tracer may read), ``incomplete`` (a stream closed early) and ``cancelled``;
+    ``dropped``, ``capacity`` (not scored: the scorer could not finish it in time, shed at
+    once), ``deferred`` (on an answer span whose hold ended while its evaluation ran: the result
+    goes on the EVALUATOR span linked to it), ``timeout``, ``shutdown``, ``skipped`` (the app
+    raised or returned nothing the tracer may read), ``incomplete`` (a stream closed early) and
+    ``cancelled``;
     on spans every engine failure appears as ``error`` with its name in ``relevancy.error.type``.
     """
 
@@ -30,6 +33,8 @@ class Status:
     # tracer statuses
     NOT_SAMPLED = "not_sampled"
     DROPPED = "dropped"
+    CAPACITY = "capacity"  # shed by admission control: the scorer could not finish it before its deadline
+    DEFERRED = "deferred"  # answer span only: the hold ended; the result goes on a linked EVALUATOR span
     ERROR = "error"
     SHUTDOWN = "shutdown"
     SKIPPED = "skipped"

@@ -71,6 +71,15 @@ class Delay:
 
 
 @dataclass
+class Gate:
+    """Wait until ``event`` (a ``threading.Event``) is set, then serve ``then`` (default: the
+    default responder): deterministic slowness, opened by the test."""
+
+    event: threading.Event
+    then: Any = None
+
+
+@dataclass
 class Drop:
     """Close the connection without sending a response."""
 
@@ -87,7 +96,7 @@ class Raw:
     body: Any
 
 
-ScriptItem = Union[str, Status, Delay, Drop, Hang, Raw]
+ScriptItem = Union[str, Status, Delay, Gate, Drop, Hang, Raw]
 
 
 class Script:
@@ -295,8 +304,12 @@ class _Handler(BaseHTTPRequestHandler):
         base_delay = owner.chat_delay if kind == "chat" else owner.embedding_delay
         if base_delay:
             owner._stopped.wait(base_delay)
-        while isinstance(item, Delay):
-            owner._stopped.wait(item.seconds)
+        while isinstance(item, (Delay, Gate)):
+            if isinstance(item, Gate):
+                while not item.event.wait(0.05) and not owner._stopped.is_set():
+                    pass
+            else:
+                owner._stopped.wait(item.seconds)
             item = item.then
         if isinstance(item, Hang):
             owner._stopped.wait()

@@ -110,6 +110,7 @@ class SpanLedger(SpanProcessor):
         import threading
 
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
         self.started: dict[int, str] = {}
         self.ended: dict[int, int] = {}
 
@@ -120,6 +121,12 @@ class SpanLedger(SpanProcessor):
     def on_end(self, span) -> None:
         with self.lock:
             self.ended[span.context.span_id] = self.ended.get(span.context.span_id, 0) + 1
+            self.changed.notify_all()
+
+    def wait_ended(self, name: str, count: int = 1, timeout: float = 30.0) -> bool:
+        """Block until ``count`` spans named ``name`` have ended; False on timeout."""
+        with self.changed:
+            return self.changed.wait_for(lambda: sum(1 for sid, n in self.started.items() if n == name and sid in self.ended) >= count, timeout)
 
     def shutdown(self) -> None:
         pass

@@ -109,11 +109,28 @@ def test_reply_that_stays_malformed_is_a_named_failure(server):
     assert server.requests_to("embeddings") == []
 
 
+@pytest.mark.parametrize("questions", [["Where is France?"], ["Where is France?", "", "   "], ["What is the capital of France?", "Where is France?"]])
+def test_fewer_questions_than_asked_are_scored_with_those_written_and_flagged(server, engine, questions):
+    # issue 37: a good answer ended too_few_questions when the model wrote 1 or 2 of 3
+    # questions, after re-asking twice (three times the time)
+    server.chat.push(questions_reply(questions))
+    result = engine.score(Q, GOOD)
+    written = [q for q in questions if q.strip()]
+    assert result.status == Status.SCORED, result.error
+    assert result.generated_questions == written and len(result.similarities) == len(written) and result.strictness == 3
+    assert len(server.requests_to("chat")) == 1  # not re-asked
+    assert result.score == pytest.approx(float(np.mean(expected_sims(Q, written))), abs=1e-5)
+    from relevancy_tracer.otel import attributes as A
+    from relevancy_tracer.otel.spans import result_attributes
+
+    attrs = result_attributes(result, capture_content=False, limit=100)
+    assert attrs[A.GENERATED_QUESTIONS_COUNT] == len(written) and attrs[A.STRICTNESS] == 3
+
+
 @pytest.mark.parametrize(
     "reply",
     [
-        questions_reply(["Where is France?"]),  # fewer than N
-        questions_reply(["Where is France?", "", "   "]),  # empty generated questions
+        questions_reply(["", "   ", ""]),  # only empty generated questions
         json.dumps({"questions": [], "noncommittal": []}),
     ],
 )

@@ -90,9 +90,9 @@ def test_ragas_method_separates_the_seed_examples(local_engine):
     assert complete.status == Status.SCORED and complete.score > 0.3
     # "I don't know." states nothing to ask about: the model writes noncommittal questions, or
     # (seen once in a fresh-clone CI run, after other tests had left other KV state) fewer than
-    # asked, which is not scored. Either way it is never scored as relevant.
+    # asked, scored with those it wrote, or none. Either way it is never scored as relevant.
     if idk.status == Status.SCORED:
-        assert idk.score < complete.score and any(idk.noncommittal)
+        assert idk.score < complete.score and (any(idk.noncommittal) or len(idk.generated_questions) < 3)
     else:
         assert idk.status == Status.TOO_FEW_QUESTIONS and idk.score is None
 

@@ -891,3 +891,32 @@ def test_after_the_attacks_serve_is_alive_with_bounded_memory(serve):
     assert serve.alive()
     assert serve.post(export_request(chain_span("Where is Albi?", "Albi is in Occitania.")).SerializeToString())[0] == 200
     assert serve.rss() < 300 * (1 << 20)  # 123 MiB here
+
+
+# ------------------------------------------------------------------------------ queue deadlines
+
+
+def test_serve_never_times_out_an_accepted_span_for_waiting_in_the_queue(server, no_exports):
+    """Issue 35 item 7: 400 spans answered 200 ended 168 as ``timeout`` unscored, because queued
+    jobs took ``hold_timeout`` (an ``answer_span`` setting of the decorator) as their deadline.
+    An accepted span waits as long as the queue needs; only a running evaluation has a limit."""
+    import threading
+
+    from relevancy_tracer.service import ScoringService
+    from relevancy_tracer_testing import Gate
+
+    gate = threading.Event()
+    server.chat.push(Gate(gate))  # the first evaluation holds the only slot until the gate opens
+    service = ScoringService(openai_settings(server, concurrency=1, hold_timeout=0.001), http_port=0, grpc_port=None).start()
+    try:
+        body = export_request(*[chain_span(f"Where is town {i}?", f"Town {i} is in France.") for i in range(4)]).SerializeToString()
+        assert urllib_post(service.server.http_port, body) == 200
+        assert server.wait_for_requests("chat", 1, timeout=10)  # the others queued far past 1 ms
+        gate.set()
+        assert service.flush(60)
+        counts = service.telemetry.metrics.counts()
+        statuses = {key[1]: n for key, n in counts.items()}
+        assert statuses == {"scored": 4}, counts
+    finally:
+        gate.set()
+        service.stop(10)

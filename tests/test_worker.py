@@ -84,13 +84,16 @@ def test_concurrency_limit():
 
 
 def test_running_job_deadline_and_queued_job_expiry():
+    """A running job past evaluation_timeout ends timeout; a queued one whose deadline passes
+    was never started: it ends capacity (reason deadline), not timeout (issue 37)."""
     worker = JobQueue(queue_size=10, concurrency=1)
     slow = FakeJob(hang=True, timeout=0.2)
     waiting = FakeJob(hold=0.1)
     worker.submit(slow)
     worker.submit(waiting)
     assert worker.flush(5)
-    assert slow.finished[0][0] == Status.TIMEOUT and waiting.finished[0][0] == Status.TIMEOUT
+    assert slow.finished == [(Status.TIMEOUT, "evaluation_timeout")] and waiting.finished == [(Status.CAPACITY, "deadline")]
+    assert not waiting.started.is_set()
     worker.shutdown(1)
 
 

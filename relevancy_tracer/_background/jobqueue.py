@@ -9,11 +9,21 @@ and sentry-python's transport worker (submit / flush / kill, losses counted by r
 
 * :meth:`JobQueue.submit` never blocks: it appends to a bounded deque under a short lock, wakes the
   dispatcher only when it is idle, and returns a bool. A refused job is finished at once with
-  status ``dropped`` (reason ``queue_full``, ``shutdown`` or ``thread_start_failed``).
+  status ``dropped`` (reason ``queue_full``, ``shutdown`` or ``thread_start_failed``), or, with
+  admission by capacity (``capacity``, :class:`~relevancy_tracer._background.capacity.Capacity`),
+  with status ``capacity`` (reason ``sample`` or ``expected_wait``): O(1) reads of estimates
+  the loop maintains.
 * The dispatcher is a task on a :class:`~relevancy_tracer._background.loop.BackgroundLoop` (the
-  process's one background loop; a private one when the queue is used alone). It runs at most ``concurrency``
-  jobs at once, each under a deadline (``min(job.timeout, job.deadline - now)``); queued jobs
-  whose deadline passes are finished with status ``timeout`` when it passes.
+  process's one background loop; a private one when the queue is used alone). It runs at most
+  ``concurrency`` jobs at once. A job's ``deadline`` is when its result is due (``math.inf``:
+  never, as for ``serve``'s accepted spans); a queued job that can no longer finish before it
+  is not started: it ends with status ``capacity``, reason ``deadline``, its error naming the
+  limit (``job.deadline_name``, e.g. ``hold_timeout (60 s)``). A running job gets
+  ``job.timeout`` (``evaluation_timeout``); a job that can be *deferred* (``job.deferrable``:
+  the answer span's hold) is told at its deadline (``job.defer()``) and keeps running, so its
+  result is written elsewhere, never thrown away; otherwise it runs until the earlier of the
+  two limits. A running job past its limit ends with status ``timeout``, its error naming the
+  limit that applied and its value.
 * If the loop's thread cannot be started (a container's process limit), the job is dropped with
   reason ``thread_start_failed`` (its span is ended, the drop counted); the next submit tries
   again.
@@ -32,12 +42,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
 from typing import Optional, Protocol
 
 from .._logging import log_failure
+from .capacity import Capacity
 from .loop import BackgroundLoop, LoopStartError
 from ..result import Status
 
@@ -48,10 +60,17 @@ GRACE = 0.5
 
 
 class Job(Protocol):
-    #: monotonic time (s) after which the job is abandoned (status ``timeout``)
+    #: monotonic time (s) by which the job's result is due (``math.inf``: none)
     deadline: float
-    #: longest a running job may take (s)
+    #: the setting that set ``deadline`` and its value in seconds (named in errors)
+    deadline_name: str
+    deadline_limit: float
+    #: longest a running job may take (s): ``evaluation_timeout``
     timeout: float
+    #: the job keeps running past ``deadline`` after ``defer()`` (its result goes elsewhere)
+    deferrable: bool
+    #: the call's 128-bit trace id (0: none), for the admission's fair sample
+    trace_id: int
 
     async def run(self) -> None:
         """Do the work; must finish the job itself on success."""
@@ -60,6 +79,15 @@ class Job(Protocol):
     def finish(self, status: str, error: Optional[str] = None, reason: Optional[str] = None) -> None:
         """End the job with ``status`` (idempotent)."""
         ...
+
+    def defer(self) -> None:
+        """The deadline passed while the job runs (only called when ``deferrable``)."""
+        ...
+
+
+def _limit(job: Job) -> tuple[str, float]:
+    """(name, seconds) of a job's deadline setting."""
+    return getattr(job, "deadline_name", "deadline"), float(getattr(job, "deadline_limit", 0.0))
 
 
 class JobQueue:
@@ -70,12 +98,15 @@ class JobQueue:
         concurrency: most jobs running at once.
         name: name of the loop thread when the queue owns its loop.
         loop: the background loop to run on (default: a private one, stopped by :meth:`shutdown`).
+        capacity: admission by capacity for :meth:`submit` (default: none; every job that fits
+            the queue is taken).
     """
 
-    def __init__(self, *, queue_size: int = 1000, concurrency: int = 2, name: str = "relevancy-tracer-worker", loop: Optional[BackgroundLoop] = None):
+    def __init__(self, *, queue_size: int = 1000, concurrency: int = 2, name: str = "relevancy-tracer-worker", loop: Optional[BackgroundLoop] = None, capacity: Optional[Capacity] = None):
         self.queue_size = queue_size
         self.concurrency = concurrency
         self.name = name
+        self.capacity = capacity
         self._own_loop = loop is None
         self._loop = loop or BackgroundLoop(name)
         self.reset_after_fork()
@@ -107,7 +138,9 @@ class JobQueue:
         return self._closed
 
     def submit(self, job: Job) -> bool:
-        """Queue ``job`` without blocking. False when refused (the job is then finished as dropped)."""
+        """Queue ``job`` without blocking. False when refused (the job is then finished as
+        dropped, or as ``capacity`` when admission by capacity sheds it)."""
+        shed: Optional[str] = None
         with self._lock:
             if self._closed:
                 reason: Optional[str] = "shutdown"
@@ -115,11 +148,18 @@ class JobQueue:
                 reason = "queue_full"
             else:
                 reason = None
-                self._queue.append(job)
-                self._pending += 1
-                start, wake = self._claim_dispatch()
+                capacity = self.capacity
+                if capacity is not None:
+                    shed = capacity.admit(getattr(job, "trace_id", 0), self._pending)
+                if shed is None:
+                    self._queue.append(job)
+                    self._pending += 1
+                    start, wake = self._claim_dispatch()
         if reason is not None:
             self._safe_finish(job, Status.DROPPED, f"evaluation dropped: {reason}", reason)
+            return False
+        if shed is not None:
+            self._safe_finish(job, Status.CAPACITY, _shed_message(shed, job), shed)
             return False
         return self._dispatch_queued(start, wake)
 
@@ -248,7 +288,8 @@ class JobQueue:
             logger.exception("relevancy-tracer: finishing a job failed")
 
     def _expire_due(self) -> Optional[float]:
-        """Finish queued jobs past their deadline; the next head deadline, if any."""
+        """Finish queued jobs past their deadline (status ``capacity``, reason ``deadline``:
+        they were never started); the next head deadline, if any."""
         now = time.monotonic()
         expired = []
         with self._lock:
@@ -256,13 +297,20 @@ class JobQueue:
                 expired.append(self._queue.popleft())
             head = self._queue[0].deadline if self._queue else None
         for job in expired:
-            self._safe_finish(job, Status.TIMEOUT, "evaluation not started before its deadline")
+            self._not_started(job)
             self._done()
-        return head
+        return head if head is not None and head != math.inf else None
+
+    def _not_started(self, job: Job) -> None:
+        name, limit = _limit(job)
+        self._safe_finish(job, Status.CAPACITY, f"evaluation not started: it could not finish within {name} ({limit:g} s)", "deadline")
 
     async def _reap(self) -> None:
         while True:
             head = self._expire_due()
+            capacity = self.capacity
+            if capacity is not None:
+                capacity.update()
             await asyncio.sleep(1.0 if head is None else min(1.0, max(0.01, head - time.monotonic())))
 
     async def _next_job(self) -> Optional[Job]:
@@ -292,7 +340,7 @@ class JobQueue:
                 if job is None:
                     slots.release()
                     return
-                task = asyncio.ensure_future(self._run(job, slots))
+                task = asyncio.ensure_future(self._run(job, slots, len(self._running) + 1 >= self.concurrency))
                 task._relevancy_job = job  # type: ignore[attr-defined]
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
@@ -304,23 +352,51 @@ class JobQueue:
             if self._running:
                 await asyncio.gather(*list(self._running), return_exceptions=True)
 
-    async def _run(self, job: Job, slots: asyncio.Semaphore) -> None:
+    async def _run(self, job: Job, slots: asyncio.Semaphore, busy: bool) -> None:
+        """Run one job; ``busy``: every slot is taken with it (its duration measures capacity)."""
+        started = time.monotonic()
+        timer: Optional[asyncio.TimerHandle] = None
+        ran = False
+        limit_name, limit = "evaluation_timeout", float(job.timeout)
         try:
-            budget = min(job.timeout, job.deadline - time.monotonic())
-            if budget <= 0:
-                self._safe_finish(job, Status.TIMEOUT, "evaluation not started before its deadline")
+            remaining = job.deadline - started
+            capacity = self.capacity
+            # an idle scorer with nothing else queued starts it anyway (it keeps measuring)
+            idle = len(self._running) <= 1 and not self._queue
+            if remaining <= 0 or (capacity is not None and not capacity.worth_starting(remaining, idle)):
+                self._not_started(job)
                 return
+            budget = float(job.timeout)
+            if getattr(job, "deferrable", False):
+                if remaining != math.inf:
+                    timer = asyncio.get_running_loop().call_later(remaining, self._defer, job)
+            elif remaining < budget:
+                budget = remaining
+                limit_name, limit = _limit(job)
+            ran = True
             await asyncio.wait_for(job.run(), budget)
         except asyncio.TimeoutError:
-            self._safe_finish(job, Status.TIMEOUT, f"evaluation exceeded its deadline ({job.timeout:g} s)")
+            self._safe_finish(job, Status.TIMEOUT, f"evaluation exceeded {limit_name} ({limit:g} s)", limit_name)
         except asyncio.CancelledError:
+            ran = False
             self._safe_finish(job, Status.SHUTDOWN, "cancelled at shutdown")
         except Exception as exc:
             log_failure("evaluation job failed", False)
             self._safe_finish(job, Status.ERROR, f"internal error: {type(exc).__name__}")
         finally:
+            if timer is not None:
+                timer.cancel()
+            if ran and self.capacity is not None:
+                self.capacity.observe(time.monotonic() - started, busy)
             slots.release()
             self._done()
+
+    @staticmethod
+    def _defer(job: Job) -> None:
+        try:
+            job.defer()
+        except Exception:  # pragma: no cover - defer must not raise; never let it kill the loop
+            logger.exception("relevancy-tracer: deferring a job failed")
 
     async def _cancel_running(self) -> None:
         tasks = list(self._running)
@@ -328,3 +404,10 @@ class JobQueue:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=GRACE / 2)
+
+
+def _shed_message(reason: str, job: Job) -> str:
+    name, limit = _limit(job)
+    if reason == "sample":
+        return "not scored: over the scorer's capacity (outside the effective sample ratio)"
+    return f"not scored: the expected wait plus evaluation exceeds {name} ({limit:g} s)"

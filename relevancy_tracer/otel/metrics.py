@@ -12,6 +12,11 @@ Instruments (meter ``relevancy_tracer``):
   by an observable counter, so counting a call costs a dict update, not an SDK aggregation.
 * ``relevancy.evaluation.duration`` (histogram, ``s``): wall-clock time of each evaluation.
 * ``relevancy.queue.depth`` (observable gauge, ``{evaluation}``): evaluations queued or running.
+* ``relevancy.admission.ratio`` (observable gauge, ``1``): the effective sample ratio of
+  admission by capacity, the share of sampled calls admitted (1 while the scorer keeps up;
+  the rest end with status ``capacity``).
+* ``relevancy.admission.capacity`` (observable gauge, ``{evaluation}/s``): the scorer's
+  measured capacity (absent until an evaluation finished).
 
 Every point carries ``span.name`` (the traced function's span) and ``service.name``; score and
 duration points also ``relevancy.method`` and ``relevancy.evaluator.version``.
@@ -42,6 +47,9 @@ class RelevancyMetrics:
         self.service_name = service_name
         self._queue_depth = queue_depth
         self._counts: dict[tuple, int] = {}
+        #: the admission controller whose ratio and capacity are reported (``ratio`` and
+        #: ``rate`` attributes, e.g. a :class:`~relevancy_tracer._background.capacity.Capacity`)
+        self.admission: Optional[Any] = None
         self._lock = threading.Lock()
         _fork.renew_after_fork(self, RelevancyMetrics._renew_after_fork)
         self.score = meter.create_histogram(
@@ -60,7 +68,7 @@ class RelevancyMetrics:
             A.METRIC_EVALUATIONS,
             callbacks=[self._observe_counts],
             unit="{evaluation}",
-            description="Traced calls by relevancy status (scored, not_sampled, dropped, error, timeout, shutdown, skipped)",
+            description="Traced calls by relevancy status (scored, not_sampled, dropped, capacity, error, timeout, shutdown, skipped)",
         )
         meter.create_observable_gauge(
             A.METRIC_QUEUE_DEPTH,
@@ -68,6 +76,30 @@ class RelevancyMetrics:
             unit="{evaluation}",
             description="Evaluations queued or running in the background job queue",
         )
+
+        meter.create_observable_gauge(
+            A.METRIC_SAMPLE_RATIO,
+            callbacks=[self._observe_ratio],
+            unit="1",
+            description="Effective sample ratio of admission by capacity: the share of sampled calls the scorer can finish in time (the rest end with status capacity)",
+        )
+        meter.create_observable_gauge(
+            A.METRIC_CAPACITY,
+            callbacks=[self._observe_capacity],
+            unit="{evaluation}/s",
+            description="Evaluations per second the scorer finishes with every slot busy, as measured",
+        )
+
+    def _observe_ratio(self, _options: Any) -> Iterable[metrics.Observation]:
+        admission = self.admission
+        if admission is not None:
+            yield metrics.Observation(float(admission.ratio), {A.ATTR_SERVICE_NAME: self.service_name})
+
+    def _observe_capacity(self, _options: Any) -> Iterable[metrics.Observation]:
+        admission = self.admission
+        rate = admission.rate if admission is not None else None
+        if rate is not None:
+            yield metrics.Observation(float(rate), {A.ATTR_SERVICE_NAME: self.service_name})
 
     def _renew_after_fork(self) -> None:
         self._lock = threading.Lock()

@@ -121,6 +121,8 @@ def result_attributes(result: RelevancyResult, *, capture_content: bool, limit: 
             attrs[A.SIMILARITIES] = [float(s) for s in result.similarities]
         if result.noncommittal:
             attrs[A.NONCOMMITTAL] = [bool(f) for f in result.noncommittal]
+        if result.generated_questions and len(result.generated_questions) < result.strictness:
+            attrs[A.GENERATED_QUESTIONS_COUNT] = len(result.generated_questions)
         for name, value in result.components.items():
             attrs[A.COMPONENT.format(name=name)] = float(value)
         if result.sub_questions_addressed:

@@ -213,9 +213,12 @@ def _question_item(item: Any) -> tuple[str, bool]:
 
 def _questions_validator(n: int) -> Callable[[Any], tuple[list[str], list[bool]]]:
     """Validates ``{"questions": [...], "noncommittal": [...]}`` (also a list of
-    ``{"question", "noncommittal"}`` objects, the RAGAS shape some models prefer). A reply cut
-    off by its token budget (:class:`~.parsing.CutJSON`) needs only one question: the ones it
-    wrote are kept."""
+    ``{"question", "noncommittal"}`` objects, the RAGAS shape some models prefer). A reply
+    needs only one usable question: when the model wrote fewer than ``n`` (or its reply was cut
+    off by its token budget, :class:`~.parsing.CutJSON`), the ones it wrote are scored, and the
+    result says so (fewer ``generated_questions`` than ``strictness``; on spans
+    ``relevancy.generated_questions.count``). Re-asking for the missing ones tripled the time of
+    such an evaluation and still failed good answers as ``too_few_questions``."""
 
     def validate(data: Any) -> tuple[list[str], list[bool]]:
         if isinstance(data, CutJSON) and isinstance(data.get("questions"), list):
@@ -237,8 +240,8 @@ def _questions_validator(n: int) -> Callable[[Any], tuple[list[str], list[bool]]
                 raise ReplyError('expected {"questions": [...], "noncommittal": [...]}')
             pairs = [(item.get("question"), item.get("noncommittal")) if isinstance(item, dict) else (None, None) for item in items]
         parsed = [(text.strip(), read_flag(flag)) for text, flag in pairs if isinstance(text, str) and text.strip()]
-        if len(parsed) < n:
-            raise ReplyError(f"{len(parsed)} usable question(s), {n} asked for", Status.TOO_FEW_QUESTIONS)
+        if not parsed:
+            raise ReplyError(f"no usable question, {n} asked for", Status.TOO_FEW_QUESTIONS)
         parsed = parsed[:n]
         return [q for q, _ in parsed], [f for _, f in parsed]
 

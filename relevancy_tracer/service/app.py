@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import math
 import threading
 import time
 from typing import Any, Optional
@@ -45,13 +46,20 @@ logger = logging.getLogger("relevancy_tracer")
 
 
 class ServiceJob:
-    """One in-process evaluation (the :class:`~relevancy_tracer._background.jobqueue.Job` protocol)."""
+    """One in-process evaluation (the :class:`~relevancy_tracer._background.jobqueue.Job` protocol).
 
-    def __init__(self, scorer: Scorer, request: ScoreRequest, timeout: float, hold: float, drain: DrainRate):
+    An accepted span is never timed out for waiting in the queue (its deadline is
+    ``math.inf``; the receiver refuses, retryably, what the queue has no room for): once
+    running it gets ``evaluation_timeout``."""
+
+    deadline = math.inf
+    deadline_name = "evaluation_timeout"
+    deferrable = False
+
+    def __init__(self, scorer: Scorer, request: ScoreRequest, timeout: float, drain: DrainRate):
         self.scorer = scorer
         self.request = request
-        self.timeout = timeout
-        self.deadline = time.monotonic() + hold
+        self.timeout = self.deadline_limit = timeout
         self._drain = drain
         self._finished = False
         self._lock = threading.Lock()
@@ -96,7 +104,7 @@ class ScoringService:
 
     Args:
         settings: models, method, capture, ``concurrency``, ``queue_size``,
-            ``evaluation_timeout``, ``hold_timeout``, ``phoenix_url``, ``service_token``,
+            ``evaluation_timeout``, ``phoenix_url``, ``service_token``,
             ``max_request_bytes`` and the ``receiver_*`` bounds (default: from the environment).
         selection: which spans to score (default: OpenInference CHAIN/AGENT/LLM and GenAI spans,
             outermost per trace, the settings' ``sample_ratio`` and ``rate_limit``).
@@ -268,7 +276,7 @@ class ScoringService:
                 ok = False
         else:
             assert self.jobs is not None and self.scorer is not None
-            ok = self.jobs.submit_all([ServiceJob(self.scorer, r, s.evaluation_timeout, s.hold_timeout, self.drain) for r in requests], admit_when_empty=True)
+            ok = self.jobs.submit_all([ServiceJob(self.scorer, r, s.evaluation_timeout, self.drain) for r in requests], admit_when_empty=True)
         return bool(ok)
 
     def _expired(self, reason: str, count: int) -> None:

@@ -5,13 +5,19 @@ Where a result goes (setting ``attach``):
 
 * ``answer_span``: the answer span was held open after the function returned, its end time
   recorded; the job sets the ``relevancy.*`` attributes and a ``gen_ai.evaluation.result`` event
-  and ends it with that end time (``Span.end(end_time=...)``). Dropped, failed, timed out or
-  shut-down evaluations end it with ``relevancy.status`` saying why.
+  and ends it with that end time (``Span.end(end_time=...)``). Dropped, shed (``capacity``),
+  failed, timed out or shut-down evaluations end it with ``relevancy.status`` saying why. The
+  span is held for at most ``hold_timeout`` (the job's deadline): an evaluation still running
+  then is *deferred*, not thrown away: the answer span ends with status ``deferred`` (reason
+  ``hold_timeout``, and the ``relevancy.evaluation.id`` of the result to come), and the
+  result, when it comes, goes on an EVALUATOR span child of and linked to it, as in
+  ``evaluation_span`` mode.
 * ``evaluation_span``: the answer span ended normally; the job emits an OpenInference EVALUATOR
   span, child of and linked to it, with the same attributes and event (OpenInference's
   annotation model: ended spans are immutable).
 
-Then, for every outcome: the metrics (count by status, score and duration by evaluator
+Then, for every final outcome (a deferral is not one: the call is counted once, when its
+result is written): the metrics (count by status, score and duration by evaluator
 version), the drift detector (per traced function and evaluator version), and the ``on_result``
 hook. With content capture off nothing derived from the user's text leaves the job: no texts,
 no generated questions, no error messages (type and status only), and the hook receives the
@@ -46,8 +52,8 @@ class EvaluationOutcome:
     """What the ``on_result`` hook receives when a sampled call's evaluation ends.
 
     Attributes:
-        span_name: the traced function's span. status: scored | error | dropped | timeout |
-            shutdown. result: the :class:`RelevancyResult` (None when the evaluation never ran:
+        span_name: the traced function's span. status: scored | error | dropped | capacity |
+            timeout | shutdown. result: the :class:`RelevancyResult` (None when the evaluation never ran:
             dropped, timed out, shut down); without content capture, its texts are removed
             (:meth:`RelevancyResult.without_content`). trace_id, span_id: of the answer span, as
             32 / 16 lowercase hex digits (e.g. for a link into the tracing UI).
@@ -77,7 +83,7 @@ class EvaluationJob:
     reports ``truncated``): a full queue holds bounded memory.
     """
 
-    __slots__ = ("runtime", "span", "span_name", "overrides", "question", "answer", "contexts", "end_time", "deadline", "timeout", "span_context", "method", "_lock", "_done")
+    __slots__ = ("runtime", "span", "span_name", "overrides", "question", "answer", "contexts", "end_time", "deadline", "deadline_name", "deadline_limit", "timeout", "deferrable", "trace_id", "span_context", "method", "_lock", "_done", "_deferred")
 
     def __init__(self, runtime: "Runtime", span: Any, span_name: str, overrides: dict, question: str, answer: str, contexts: Optional[list[str]], end_time: int):
         self.runtime = runtime
@@ -89,12 +95,19 @@ class EvaluationJob:
         self.answer = answer[: settings.max_answer_chars + 1] if isinstance(answer, str) else answer
         self.contexts = contexts
         self.end_time = end_time
-        self.deadline = time.monotonic() + settings.hold_timeout
+        # the result is due by the end of the answer span's hold, or, on an evaluation span,
+        # within evaluation_timeout of the call
+        self.deferrable = settings.attach == "answer_span"
+        self.deadline_name = "hold_timeout" if self.deferrable else "evaluation_timeout"
+        self.deadline_limit = settings.hold_timeout if self.deferrable else settings.evaluation_timeout
+        self.deadline = time.monotonic() + self.deadline_limit
         self.timeout = settings.evaluation_timeout
         self.span_context = span.get_span_context()
+        self.trace_id = self.span_context.trace_id
         self.method = overrides.get("method", settings.method)
         self._lock = threading.Lock()
         self._done = False
+        self._deferred = False
 
     async def run(self) -> None:
         with suppressed_instrumentation():
@@ -105,14 +118,35 @@ class EvaluationJob:
             self._complete(Status.ERROR, result=result, error=result.error, error_type=result.status)
 
     def finish(self, status: str, error: Optional[str] = None, reason: Optional[str] = None) -> None:
-        """Outcomes decided by the job queue: dropped, timeout, shutdown, error."""
+        """Outcomes decided by the job queue: dropped, capacity, timeout, shutdown, error."""
         self._complete(status, error=error, reason=reason, error_type="internal" if status == Status.ERROR else None)
+
+    def defer(self) -> None:
+        """The answer span's hold ended while the evaluation runs: end the answer span with
+        status ``deferred`` (reason ``hold_timeout``, and the evaluation id its result will
+        carry); the result goes on a linked EVALUATOR span when it comes."""
+        with self._lock:
+            if self._done or self._deferred or self.runtime.settings.attach != "answer_span":
+                return
+            self._deferred = True
+        settings = self.runtime.settings
+        trace_hex, span_hex = format(self.span_context.trace_id, "032x"), format(self.span_context.span_id, "016x")
+        try:
+            attrs = outcome_attributes(Status.DEFERRED, capture_content=settings.capture_content, limit=settings.max_content_chars, evaluation=evaluation_id(trace_hex, span_hex, self.method), error=f"the evaluation outlasted hold_timeout ({settings.hold_timeout:g} s): its result goes on the EVALUATOR span linked to this span", reason="hold_timeout")
+            write_on_span(self.span, attrs, None, timestamp=self.end_time)
+        except Exception:
+            log_failure("writing a deferral failed", settings.capture_content)
+        try:
+            self.span.end(end_time=self.end_time)
+        except Exception:
+            pass
 
     def _complete(self, status: str, *, result: Optional[RelevancyResult] = None, error: Optional[str] = None, reason: Optional[str] = None, error_type: Optional[str] = None) -> None:
         with self._lock:
             if self._done:
                 return
             self._done = True
+            deferred = self._deferred
         runtime, span = self.runtime, self.span
         settings = runtime.settings
         capture = settings.capture_content
@@ -120,18 +154,19 @@ class EvaluationJob:
         trace_hex, span_hex = format(self.span_context.trace_id, "032x"), format(self.span_context.span_id, "016x")
         identifier = evaluation_id(trace_hex, span_hex, result.method if result is not None else self.method)
         attrs: dict[str, Any] = {A.STATUS: status}
+        on_answer_span = settings.attach == "answer_span" and not deferred
         try:
-            attrs = outcome_attributes(status, result, capture_content=capture, limit=settings.max_content_chars, evaluation=identifier, error=error, error_type=error_type, reason=reason)
-            if settings.attach == "answer_span" or (status == Status.DROPPED and span.is_recording()):
+            attrs = outcome_attributes(status, result, capture_content=capture, limit=settings.max_content_chars, evaluation=identifier, error=error, error_type=error_type, reason=reason or ("hold_timeout" if deferred else None))
+            if on_answer_span or (status in (Status.DROPPED, Status.CAPACITY) and not deferred and span.is_recording()):
                 write_on_span(span, attrs, result, timestamp=self.end_time)
-                if settings.attach == "answer_span":
+                if on_answer_span:
                     span.end(end_time=self.end_time)
             else:
                 content = content_attributes(self.question, self.answer, None, settings.max_content_chars) if capture else None
                 emit_evaluator_span(runtime.otel_tracer, self.span_context, attrs, result, capture_content=capture, extra=content)
         except Exception:
             log_failure("writing a result failed", capture)
-            if settings.attach == "answer_span":
+            if on_answer_span:
                 try:
                     span.end(end_time=self.end_time)
                 except Exception:

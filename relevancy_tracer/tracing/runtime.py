@@ -3,7 +3,9 @@
 
 A :class:`Runtime` owns, for one configuration: the settings, the scoring engine (its model
 clients and caches), the job queue (its dispatcher runs on the process's one background loop,
-:func:`relevancy_tracer._background.loop.process_loop`), the samplers (the rate limiter's token
+:func:`relevancy_tracer._background.loop.process_loop`) with its admission by capacity
+(:class:`~relevancy_tracer._background.capacity.Capacity`: sampled calls the scorer cannot
+finish in time end at once with status ``capacity``), the samplers (the rate limiter's token
 bucket), the metrics, the drift monitor, and the OpenTelemetry providers this library installed.
 :mod:`.lifecycle` holds the process's current runtime (its only singleton state) and replaces
 it on ``configure()``.
@@ -30,6 +32,7 @@ from ..otel.setup import OwnedProviders, bounded, service_name
 from .sampling import build_sampler
 from .._version import __version__
 from ..scoring.engine import Engine
+from .._background.capacity import Capacity
 from .._background.jobqueue import GRACE, JobQueue
 
 logger = logging.getLogger("relevancy_tracer")
@@ -50,12 +53,17 @@ class Runtime:
         self.settings = settings
         self.engine = engine or Engine(settings)
         self.loop = process_loop()
-        self.jobs = JobQueue(queue_size=settings.queue_size, concurrency=settings.concurrency, loop=self.loop)
+        # admission by capacity: a call is queued only when its result can be written in time
+        # (by the end of the answer span's hold, or within evaluation_timeout on an evaluation span)
+        budget = settings.hold_timeout if settings.attach == "answer_span" else settings.evaluation_timeout
+        self.capacity = Capacity(settings.concurrency, budget, base_ratio=settings.sample_ratio)
+        self.jobs = JobQueue(queue_size=settings.queue_size, concurrency=settings.concurrency, loop=self.loop, capacity=self.capacity)
         self.sampler = build_sampler(settings.sample_ratio, settings.rate_limit, settings.sampler)
         self.otel_tracer = trace.get_tracer("relevancy_tracer", __version__)
         self.owned = owned or OwnedProviders()
         self.service_name = service_name()
         self.metrics = shared_metrics(self.service_name, self._depth)
+        self.metrics.admission = self.capacity
         self.drift = None
         if settings.drift_detection:
             try:
@@ -77,6 +85,9 @@ class Runtime:
 
     def _renew_after_fork(self) -> None:
         self.jobs.reset_after_fork()
+        # a child measures its own share of the model host from scratch
+        self.capacity = self.jobs.capacity = Capacity(self.capacity.concurrency, self.capacity.budget, base_ratio=self.capacity.base_ratio)
+        self.metrics.admission = self.capacity
         self.sampler = build_sampler(self.settings.sample_ratio, self.settings.rate_limit, self.settings.sampler)
 
     def _depth(self) -> int:
