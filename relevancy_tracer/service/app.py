@@ -34,11 +34,12 @@ from ..phoenix_annotations import PhoenixClient
 from ..result import Status
 from .._background.jobqueue import JobQueue
 from .jobs import ScoreRequest
+from .decision import DecisionWindow
 from .join import Content, ContentJoin, Held, is_content_event
 from .otlp import log_records_of, spans_of
 from .queue import OUT_OF_MEMORY, describe_redis_error
 from .receiver import Admission, DrainRate, OTLPServer, ReceiverLimits
-from .selection import Candidate, Selection, SpanSelector
+from .selection import Candidate, Selection, Skipped, SpanSelector
 from .telemetry import ServiceTelemetry
 from .writer import Scorer
 
@@ -169,6 +170,12 @@ class ScoringService:
         self._max_text_chars = max(s.max_question_chars, s.max_answer_chars, s.max_context_chars, s.max_content_chars) + 1
         self.join = ContentJoin(s.join_ttl, s.join_max_entries, 4 * s.max_request_bytes, on_expired=self._expired)
         self._join_expired = self.telemetry.meter_provider.get_meter("relevancy_tracer").create_counter("relevancy.service.join.expired", unit="{call}", description="Halves of GenAI calls (a span, or its content events) dropped before the other half arrived, by relevancy.join.reason")
+        self.window = DecisionWindow(s.decision_wait, s.decision_max_traces, 20 * s.decision_max_traces, 4 * s.max_request_bytes, max_documents=s.max_contexts, max_document_chars=s.max_context_chars, on_outcome=self._decided) if s.decision_wait > 0 else None
+        meter = self.telemetry.meter_provider.get_meter("relevancy_tracer")
+        self._decisions = meter.create_counter("relevancy.service.decisions", unit="{span}", description="Candidate spans by what the decision window did with them, by relevancy.decision.outcome: root (a trace root, chosen at once), window (chosen when its trace's window ended), early (chosen early: a bound was reached), covered (nested in a chosen call), duplicate (a span id seen before: retry or duplicate), late (arrived after a call nested in it was scored: not scored), dropped (chosen early and refused by a full queue)")
+        self._skipped_counter = meter.create_counter("relevancy.service.skipped", unit="{span}", description="Spans that look like an LLM, chain or agent call but yield no question or answer, by relevancy.source and relevancy.reason")
+        self.skipped_spans: dict[tuple[str, str], int] = {}
+        self._skip_logged: dict[tuple[str, str], float] = {}
         self._sweeping = threading.Event()
         self._sweeper: Optional[threading.Thread] = None
         self.skipped: dict[str, int] = {}
@@ -197,8 +204,24 @@ class ScoringService:
         valid = [span for span in spans if span.ids_valid]
         rejected = len(spans) - len(valid)
         message = f"{rejected} span(s) rejected: a trace id must be 16 bytes and a span id 8, not all zeros" if rejected else ""
-        candidates, pending = self.selector.partition(valid)
-        return self._admit(candidates, pending, {}, Admission(True, rejected, message))
+        classified, skipped = self.selector.classify(valid)
+        if self.window is None:  # decide within this request
+            candidates, pending = self.selector.choose(valid, classified)
+            admission = self._admit(candidates, pending, {}, Admission(True, rejected, message))
+            if admission.accepted:
+                self._count_skipped(skipped)
+            return admission
+        with self.window.lock:
+            plan = self.window.plan(valid, classified, skipped)
+            ready = [c for c in plan.ready if self.selector.sampled(c)]
+            admission = self._admit([c for c in ready if c.convention != "genai-events"], [c for c in ready if c.convention == "genai-events"], {}, Admission(True, rejected, message))
+            if not admission.accepted:  # nothing remembered: the exporter re-sends the request
+                return admission
+            lost = self.window.commit(plan)
+            early, more = self.window.enforce()
+            self._queue_chosen(early, reopen=False)
+        self._count_skipped(lost + more)
+        return admission
 
     def accept_logs(self, request: Any) -> Admission:
         """Join the request's GenAI content events to their spans (``join.py``) and queue the
@@ -212,7 +235,7 @@ class ScoringService:
         and the completed calls, then hold the rest; under the join's lock, so a refusal
         changes nothing."""
         join = self.join
-        if not pending and not contents and all(c.convention == "openinference" for c in ready):
+        if not pending and not contents and all(c.convention not in ("genai", "genai-events") for c in ready):
             # nothing to join: admissions stay concurrent (no lock around the queue's offer)
             if ready and not self._offer(ready):
                 return Admission(False)
@@ -233,7 +256,7 @@ class ScoringService:
 
         with join.lock:
             for candidate in list(ready):  # GenAI content on the span: events held for it are moot
-                if candidate.convention != "openinference":
+                if candidate.convention == "genai":
                     finished.append((candidate.span.trace_id, candidate.span.span_id))
             for candidate in pending:
                 key = (candidate.span.trace_id, candidate.span.span_id)
@@ -279,16 +302,63 @@ class ScoringService:
             ok = self.jobs.submit_all([ServiceJob(self.scorer, r, s.evaluation_timeout, self.drain) for r in requests], admit_when_empty=True)
         return bool(ok)
 
+    def _queue_chosen(self, chosen: list[Candidate], reopen: bool = True) -> None:
+        """Queue candidates the decision window chose (call under its lock). Refused by a full
+        queue: held again for another window (``reopen``), else dropped and counted."""
+        chosen = [c for c in chosen if self.selector.sampled(c)]
+        if not chosen:
+            return
+        admission = self._admit([c for c in chosen if c.convention != "genai-events"], [c for c in chosen if c.convention == "genai-events"], {}, Admission(True))
+        if admission.accepted:
+            return
+        if reopen and self.window is not None:
+            self.window.reopen(chosen)
+        else:
+            self._decided("dropped", len(chosen))
+            logger.warning("relevancy-tracer serve: %d chosen span(s) dropped: the queue is full and the decision window at its bound", len(chosen))
+
+    def decide(self, everything: bool = False) -> None:
+        """Queue the calls whose trace's decision window ended (every held call with
+        ``everything``: :meth:`flush` and :meth:`stop` do), and count their traces' skipped
+        spans."""
+        if self.window is None:
+            return
+        with self.window.lock:
+            chosen, skipped = self.window.due(everything)
+            self._queue_chosen(chosen, reopen=not everything)
+        self._count_skipped(skipped)
+
+    def _decided(self, outcome: str, count: int) -> None:
+        self._decisions.add(count, {"relevancy.decision.outcome": outcome})
+
+    def _count_skipped(self, skipped: list[Skipped]) -> None:
+        """Count spans that look like calls but yield nothing, by source and reason, with one
+        log line per (source, reason) a minute naming the attribute keys seen (never values:
+        they may be user text)."""
+        now = time.monotonic()
+        for item in skipped:
+            key = (item.source, item.reason)
+            self.skipped_spans[key] = self.skipped_spans.get(key, 0) + 1
+            self._skipped_counter.add(1, {"relevancy.source": item.source, "relevancy.reason": item.reason})
+            if now - self._skip_logged.get(key, -1e9) >= 60.0:
+                self._skip_logged[key] = now
+                keys = sorted(str(k)[:80] for k in item.span.attributes)
+                logger.warning("relevancy-tracer serve: %s span %r yields no question or answer (%s); attribute keys: %s%s (further such spans are counted in relevancy.service.skipped, logged once a minute)", item.source, item.span.name[:80], item.reason, ", ".join(keys[:40]), f" and {len(keys) - 40} more" if len(keys) > 40 else "")
+
     def _expired(self, reason: str, count: int) -> None:
         self._join_expired.add(count, {"relevancy.join.reason": reason})
 
     def _sweep(self) -> None:
         """Expire held halves while serving (every quarter of ``join_ttl``, at most 1 s)."""
-        while not self._sweeping.wait(min(1.0, self.settings.join_ttl / 4)):
+        while not self._sweeping.wait(min(1.0, self.settings.join_ttl / 4, self.settings.decision_wait / 4 or 1.0)):
             try:
                 self.join.expire()
             except Exception:
                 logger.warning("relevancy-tracer: expiring held GenAI calls failed", exc_info=True)
+            try:
+                self.decide()
+            except Exception:
+                logger.warning("relevancy-tracer: deciding held traces failed", exc_info=True)
 
     def _retry_after(self) -> int:
         try:
@@ -302,8 +372,10 @@ class ScoringService:
         self.telemetry.refused.add(1, {"rpc.system": "grpc" if protocol == "grpc" else "http", "error.type": reason})
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """In process: wait until every queued evaluation was written, then export."""
+        """Decide every trace held in the decision window, then (in process) wait until every
+        queued evaluation was written, then export."""
         deadline = time.monotonic() + timeout
+        self.decide(everything=True)  # every call received so far: its trace is decided now
         ok = self.jobs.flush(timeout) if self.jobs is not None else True
         return self.telemetry.force_flush(max(0.0, deadline - time.monotonic())) and ok
 
@@ -312,6 +384,10 @@ class ScoringService:
         deadline = time.monotonic() + timeout
         self.server.stop(grace=min(2.0, timeout))
         self._sweeping.set()
+        try:
+            self.decide(everything=True)  # held calls are queued, not lost
+        except Exception:
+            logger.warning("relevancy-tracer: deciding held traces at stop failed", exc_info=True)
         ok = True
         if self.jobs is not None:
             ok = self.jobs.shutdown(max(0.0, deadline - time.monotonic()))
