@@ -1,0 +1,55 @@
+"""A plain `openai` chat app instrumented by one instrumentation; it never imports
+relevancy_tracer. Environment: OTEL_EXPORTER_OTLP_ENDPOINT (the service), SOURCE (which
+instrumentation), PROCESSOR (simple | batch). argv: the model's base URL, then a JSON list of
+conversations (each a list of chat messages; the app adds the system prompt). Prints, as JSON,
+the trace id of each call."""
+
+import json
+import os
+import sys
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+SYSTEM = "Answer from this context only. Context: Lyon lies on the Rhone and the Saone."
+source = os.environ["SOURCE"]
+processor = SimpleSpanProcessor if os.environ.get("PROCESSOR") == "simple" else BatchSpanProcessor
+provider = TracerProvider(resource=Resource.create({"service.name": f"{source}-app"}))
+provider.add_span_processor(processor(OTLPSpanExporter()))
+trace.set_tracer_provider(provider)
+logger_provider = None
+
+if source == "openinference_openai":
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+elif source.startswith("openllmetry"):
+    from opentelemetry import _logs
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, SimpleLogRecordProcessor
+    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+
+    logger_provider = LoggerProvider(resource=Resource.create({"service.name": f"{source}-app"}))
+    logger_provider.add_log_record_processor((SimpleLogRecordProcessor if os.environ.get("PROCESSOR") == "simple" else BatchLogRecordProcessor)(OTLPLogExporter()))
+    _logs.set_logger_provider(logger_provider)
+    OpenAIInstrumentor(use_legacy_attributes=source != "openllmetry_events").instrument(tracer_provider=provider)
+else:
+    raise SystemExit(f"unknown SOURCE {source}")
+
+import openai  # noqa: E402
+
+assert "relevancy_tracer" not in sys.modules
+client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+calls = []
+for conversation in json.loads(sys.argv[2]):
+    with trace.get_tracer("app").start_as_current_span("handle") as parent:
+        client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "system", "content": SYSTEM}] + conversation)
+    calls.append(format(parent.get_span_context().trace_id, "032x"))
+provider.shutdown()
+if logger_provider is not None:
+    logger_provider.shutdown()
+print(json.dumps(calls))
