@@ -49,6 +49,8 @@ MATRIX = [
     ("openinference_openai", "openinference_openai"),
     ("vercel_ai", "vercel"),
     ("openinference_vercel", "vercel"),
+    ("openllmetry_events", "openllmetry_0_52_6"),  # llm.request.type=chat, content as log events
+    ("openllmetry_legacy", "openllmetry_0_52_6"),  # gen_ai.prompt.N.* attributes
 ]
 
 

@@ -36,7 +36,7 @@ elif source.startswith("openllmetry"):
     logger_provider = LoggerProvider(resource=Resource.create({"service.name": f"{source}-app"}))
     logger_provider.add_log_record_processor((SimpleLogRecordProcessor if os.environ.get("PROCESSOR") == "simple" else BatchLogRecordProcessor)(OTLPLogExporter()))
     _logs.set_logger_provider(logger_provider)
-    OpenAIInstrumentor(use_legacy_attributes=source != "openllmetry_events").instrument(tracer_provider=provider)
+    OpenAIInstrumentor(use_legacy_attributes=source != "openllmetry_events").instrument(tracer_provider=provider, logger_provider=logger_provider)
 else:
     raise SystemExit(f"unknown SOURCE {source}")
 
