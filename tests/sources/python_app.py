@@ -37,8 +37,44 @@ elif source.startswith("openllmetry"):
     logger_provider.add_log_record_processor((SimpleLogRecordProcessor if os.environ.get("PROCESSOR") == "simple" else BatchLogRecordProcessor)(OTLPLogExporter()))
     _logs.set_logger_provider(logger_provider)
     OpenAIInstrumentor(use_legacy_attributes=source != "openllmetry_events").instrument(tracer_provider=provider, logger_provider=logger_provider)
+elif source == "openinference_llama_index":
+    pass  # instrumented below, once the index is built (indexing spans are not calls)
 else:
     raise SystemExit(f"unknown SOURCE {source}")
+
+
+def llama_index_app() -> None:
+    """A LlamaIndex query engine over two documents; one query per conversation (its last user
+    turn). The query engine's span is the trace root."""
+    from llama_index.core import Document, Settings, VectorStoreIndex
+    from llama_index.embeddings.openai import OpenAIEmbedding
+    from llama_index.llms.openai import OpenAI
+    from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    roots = []
+
+    class Roots(SpanProcessor):
+        def on_end(self, span):  # the trace id of each query
+            if span.parent is None and span.name.endswith("QueryEngine.query"):
+                roots.append(format(span.context.trace_id, "032x"))
+
+    provider.add_span_processor(Roots())
+    Settings.tokenizer = lambda text: text.split()  # tiktoken would download its vocabulary
+    Settings.llm = OpenAI(model="gpt-4o-mini", api_base=sys.argv[1], api_key="unused", max_retries=0)
+    Settings.embed_model = OpenAIEmbedding(model="text-embedding-3-small", api_base=sys.argv[1], api_key="unused", max_retries=0)
+    index = VectorStoreIndex.from_documents([Document(text="Lyon lies on the Rhone and the Saone."), Document(text="Paris is on the Seine.")])
+    LlamaIndexInstrumentor().instrument(tracer_provider=provider)
+    engine = index.as_query_engine()
+    for conversation in json.loads(sys.argv[2]):
+        engine.query(conversation[-1]["content"])
+    provider.shutdown()
+    print(json.dumps(roots))
+    raise SystemExit(0)
+
+
+if source == "openinference_llama_index":
+    llama_index_app()
 
 import openai  # noqa: E402
 
