@@ -370,3 +370,34 @@ def test_serve_scores_a_trace_split_over_requests_and_retries_once_and_counts_wh
     assert service.skipped_spans == {("openinference", "unknown_json"): 3}
     logged = [r.getMessage() for r in caplog.records if "yields no question or answer" in r.getMessage()]
     assert len(logged) == 1 and "input.value" in logged[0] and "openinference.span.kind" in logged[0] and "SECRET" not in logged[0]
+
+
+def test_the_window_holds_bounded_memory_at_its_default_size():
+    """Full size: 12,000 traces (the default bound is 10,000) each with an LLM call under an
+    app span, a retriever with 5 documents of 2,000 characters and a 1 MB attribute on the call.
+    The window stays within its bounds, holds no attribute values, and its memory is measured."""
+    import tracemalloc
+
+    from relevancy_tracer.config import Settings
+
+    s = Settings.resolve()
+    clock = Clock()
+    window = DecisionWindow(s.decision_wait, s.decision_max_traces, 20 * s.decision_max_traces, 4 * s.max_request_bytes, max_documents=s.max_contexts, max_document_chars=s.max_context_chars, clock=clock)
+    big = "x" * 1_000_000
+    chosen = 0
+    tracemalloc.start()
+    try:
+        for i in range(12_000):
+            trace = f"{i + 1:032x}"
+            call = ReceivedSpan(trace, "a" * 16, "f" * 16, "llm", 1, {"openinference.span.kind": "LLM", "input.value": f"question {i} " + "q" * 1000, "output.value": "answer " + "a" * 1000, "llm.embedding": big})
+            retriever = ReceivedSpan(trace, "b" * 16, "f" * 16, "retrieve", 1, {"openinference.span.kind": "RETRIEVER", **{f"retrieval.documents.{d}.document.content": f"doc {d} " + "d" * 2000 for d in range(5)}})
+            chosen += len(feed(window, [call, retriever])[0])
+            clock.now += 0.001
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(window) <= s.decision_max_traces and window.spans <= 20 * s.decision_max_traces and window.chars <= 4 * s.max_request_bytes
+    assert chosen >= 2_000 and chosen == window.outcomes[EARLY] and chosen + window.held() == 12_000  # the oldest decided early, none lost
+    assert all(not c.span.attributes for t in window._traces.values() for c in t.open.values())
+    assert held < 200 * 1024 * 1024, f"{held / 2**20:.0f} MiB held by 10,000 traces"
+    print(f"decision window at its default bound: {len(window)} traces, {window.chars:,} characters, {held / 2**20:.0f} MiB held (peak {peak / 2**20:.0f} MiB)")

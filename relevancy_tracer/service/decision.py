@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import ChainMap, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Optional
 
 from ..otel import attributes as A
@@ -78,6 +78,15 @@ class Plan:
     hold: list[Candidate]
     skipped: list[Skipped]
     outcomes: dict[str, int]
+
+
+def _light(span: ReceivedSpan, keys: bool = False) -> ReceivedSpan:
+    """``span`` without its attribute values (with ``keys``: its first 100 keys, values None)
+    and with only the resource attributes the service writes (``service.name``, the Phoenix
+    project)."""
+    attributes = {str(k)[:100]: None for k in list(span.attributes)[:100]} if keys else {}
+    resource = {k: v for k, v in span.resource.items() if k in ("service.name", "openinference.project.name")}
+    return replace(span, attributes=attributes, resource=resource)
 
 
 def _candidate_chars(candidate: Candidate) -> int:
@@ -199,14 +208,18 @@ class DecisionWindow:
                 self._add_documents(trace, span_documents(span.attributes))
         for candidate in plan.hold:
             trace = self._traces[candidate.span.trace_id]
+            # held without its attributes (its texts and own documents are taken): an embedding
+            # vector or a 16 MiB attribute is not held past its request
+            candidate.contexts = candidate.contexts or self._trace_documents(None, span_documents(candidate.span.attributes))
+            candidate.span = _light(candidate.span)
             trace.open[candidate.span.span_id] = candidate
             trace.chars += _candidate_chars(candidate)
             self._chars += _candidate_chars(candidate)
             if trace.decided_at is not None:  # a late candidate reopens its trace's window
                 trace.decided_at = None
                 trace.first = trace.last = now
-        for skipped in plan.skipped:
-            self._traces[skipped.span.trace_id].skipped[skipped.span.span_id] = skipped
+        for skipped in plan.skipped:  # the attribute keys are kept for the log line, not the values
+            self._traces[skipped.span.trace_id].skipped[skipped.span.span_id] = Skipped(_light(skipped.span, keys=True), skipped.source, skipped.reason)
         out: list[Skipped] = []
         for candidate in plan.ready:
             trace = self._traces[candidate.span.trace_id]
@@ -222,7 +235,7 @@ class DecisionWindow:
                 self._chars -= _candidate_chars(candidate)
             plan.outcomes[COVERED] = plan.outcomes.get(COVERED, 0) + len(covered)
             if not trace.open:
-                trace.decided_at = now
+                self._decided(trace, now)
         for trace_id in {s.span.trace_id for s in plan.skipped} | {c.span.trace_id for c in plan.ready}:
             trace = self._traces[trace_id]
             if trace.decided_at is not None:  # skipped spans of a decided trace are reported now
@@ -287,17 +300,24 @@ class DecisionWindow:
         chosen = [c for c in outer if c.span.span_id not in ancestors]
         for candidate in chosen:
             if not candidate.contexts:
-                candidate.contexts = self._trace_documents(None, span_documents(candidate.span.attributes)) or self._trace_documents(trace, [])
+                candidate.contexts = self._trace_documents(trace, [])
         for candidate in trace.open.values():
             self._chars -= _candidate_chars(candidate)
         trace.open.clear()
-        trace.chars = sum(len(d) for d in trace.documents)
         trace.chosen.update(c.span.span_id for c in chosen)
-        trace.decided_at = now
+        self._decided(trace, now)
         self._count(outcome, len(chosen))
         self._count(LATE, len(late))
         self._count(COVERED, covered)
         return chosen, self._uncovered_skipped(trace)
+
+    def _decided(self, trace: _Trace, now: float) -> None:
+        """Mark ``trace`` decided: only its span ids and chosen ids are remembered (its held
+        documents are let go: a late call in it takes those of its own request)."""
+        self._chars -= sum(len(d) for d in trace.documents)
+        trace.documents = []
+        trace.chars = 0
+        trace.decided_at = now
 
     def _covered(self, trace: _Trace, span_id: str, marks: set[str], memo: dict[str, bool]) -> bool:
         """Whether ``span_id`` or an ancestor is in ``marks``; a walk ending at a span never
