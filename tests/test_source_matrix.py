@@ -52,6 +52,7 @@ MATRIX = [
     ("openllmetry_events", "openllmetry_0_52_6"),  # llm.request.type=chat, content as log events
     ("openllmetry_legacy", "openllmetry_0_52_6"),  # gen_ai.prompt.N.* attributes
     ("openinference_llama_index", "openinference_llama_index"),  # a query engine: nested CHAIN and LLM spans
+    ("langfuse", "langfuse"),  # langfuse.observation.input / output: an @observe span around a generation
 ]
 
 
@@ -109,7 +110,7 @@ def node_environment() -> Path:
 
 #: Bytes of an OTLP protobuf request holding a candidate span (OpenInference kinds as string
 #: values, the Vercel AI SDK's answer, OpenLLMetry's request type).
-CANDIDATE_MARKERS = (b"\n\x05CHAIN", b"\n\x03LLM", b"\n\x05AGENT", b"ai.response.text", b"llm.request.type")
+CANDIDATE_MARKERS = (b"\n\x05CHAIN", b"\n\x03LLM", b"\n\x05AGENT", b"ai.response.text", b"llm.request.type", b"langfuse.observation.output")
 
 
 class RetryProxy:

@@ -89,6 +89,7 @@ VERCEL_AI_DO_GENERATE = {"ai.operationId": "ai.generateText.doGenerate", "ai.pro
 
 #: the Langfuse SDK's OTel export of a generation and of an @observe function
 LANGFUSE_GENERATION = {"langfuse.observation.type": "generation", "langfuse.observation.model.name": "gpt-4o-mini", "langfuse.observation.input": json.dumps(HISTORY), "langfuse.observation.output": json.dumps({"role": "assistant", "content": "On the Rhone."})}
+LANGFUSE_OBSERVE_MESSAGES = {"langfuse.observation.type": "span", "langfuse.observation.input": json.dumps({"args": [HISTORY[1:]], "kwargs": {}}), "langfuse.observation.output": "On the Rhone."}
 LANGFUSE_OBSERVE = {"langfuse.observation.type": "span", "langfuse.observation.input": json.dumps({"args": ["On which river?"], "kwargs": {}}), "langfuse.observation.output": json.dumps("On the Rhone.")}
 
 
@@ -102,8 +103,9 @@ LANGFUSE_OBSERVE = {"langfuse.observation.type": "span", "langfuse.observation.i
         (VERCEL_AI_DO_GENERATE, "vercel_ai"),
         (LANGFUSE_GENERATION, "langfuse"),
         (LANGFUSE_OBSERVE, "langfuse"),
+        (LANGFUSE_OBSERVE_MESSAGES, "langfuse"),
     ],
-    ids=["openinference-openai", "openinference-vercel-agent", "openinference-vercel-llm", "vercel-ai", "vercel-ai-doGenerate", "langfuse-generation", "langfuse-observe"],
+    ids=["openinference-openai", "openinference-vercel-agent", "openinference-vercel-llm", "vercel-ai", "vercel-ai-doGenerate", "langfuse-generation", "langfuse-observe", "langfuse-observe-messages"],
 )
 def test_each_source_reads_the_last_user_turn_and_the_reply(attributes, convention):
     """The question is the last user turn (never the system prompt holding the context, nor

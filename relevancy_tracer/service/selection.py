@@ -239,7 +239,7 @@ def question_of(value: Any, depth: int = 0) -> str:
       ``messages`` (an OpenAI chat request, the Vercel AI SDK's ``{"system", "messages"}``,
       LangChain's chat model input): the last user message; ``prompt`` as a message list;
       ``input`` / ``inputs`` / ``kwargs`` (LangChain chains, Langfuse's ``@observe`` inputs)
-      one level down; Langfuse's ``{"args": [one string]}``.
+      one level down; Langfuse's ``{"args": [one argument]}`` (a string or chat messages).
 
     Anything else raises Unreadable(unknown_json): nothing is guessed from "the only string
     field" (the system prompt and model names are strings too). Walks at most 4 levels of
@@ -269,8 +269,8 @@ def question_of(value: Any, depth: int = 0) -> str:
                     if exc.reason != UNKNOWN_JSON:
                         raise
         args = value.get("args")
-        if isinstance(args, list) and len(args) == 1 and isinstance(args[0], str) and args[0].strip() and not value.get("kwargs"):
-            return args[0]
+        if isinstance(args, list) and len(args) == 1 and not value.get("kwargs") and isinstance(args[0], (str, list)):
+            return question_of(args[0], depth + 1)  # a function of one argument: a question or messages
     raise Unreadable(UNKNOWN_JSON)
 
 

@@ -37,6 +37,8 @@ elif source.startswith("openllmetry"):
     logger_provider.add_log_record_processor((SimpleLogRecordProcessor if os.environ.get("PROCESSOR") == "simple" else BatchLogRecordProcessor)(OTLPLogExporter()))
     _logs.set_logger_provider(logger_provider)
     OpenAIInstrumentor(use_legacy_attributes=source != "openllmetry_events").instrument(tracer_provider=provider, logger_provider=logger_provider)
+elif source == "langfuse":
+    pass  # set up below: Langfuse adds its span processor to this provider
 elif source == "openinference_llama_index":
     pass  # instrumented below, once the index is built (indexing spans are not calls)
 else:
@@ -73,8 +75,42 @@ def llama_index_app() -> None:
     raise SystemExit(0)
 
 
+def langfuse_app() -> None:
+    """The Langfuse SDK on this app's TracerProvider: an ``@observe`` function calling
+    ``langfuse.openai`` (a generation inside a span); its own exporter's host is the service,
+    which does not serve Langfuse's ingestion path (those exports fail, as without Langfuse)."""
+    from langfuse import Langfuse, observe
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    roots = []
+
+    class Roots(SpanProcessor):
+        def on_end(self, span):
+            if span.parent is None and span.name == "answer":
+                roots.append(format(span.context.trace_id, "032x"))
+
+    provider.add_span_processor(Roots())
+    langfuse = Langfuse(public_key="pk-lf-test", secret_key="sk-lf-test", host=os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"], tracer_provider=provider)
+    from langfuse.openai import openai as langfuse_openai
+
+    client = langfuse_openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+
+    @observe()
+    def answer(messages):
+        return client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "system", "content": SYSTEM}] + messages).choices[0].message.content
+
+    for conversation in json.loads(sys.argv[2]):
+        answer(conversation)
+    langfuse.flush()
+    provider.shutdown()
+    print(json.dumps(roots))
+    raise SystemExit(0)
+
+
 if source == "openinference_llama_index":
     llama_index_app()
+if source == "langfuse":
+    langfuse_app()
 
 import openai  # noqa: E402
 
