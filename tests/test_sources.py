@@ -87,6 +87,9 @@ VERCEL_OPENINFERENCE_LLM = {
 VERCEL_AI = {"operation.name": "ai.generateText", "ai.operationId": "ai.generateText", "ai.model.id": "gpt-4o-mini", "ai.prompt": json.dumps({"system": SYSTEM, "messages": HISTORY[1:]}), "ai.response.text": "On the Rhone.", "ai.response.finishReason": "stop"}
 VERCEL_AI_DO_GENERATE = {"ai.operationId": "ai.generateText.doGenerate", "ai.prompt.messages": VERCEL_OPENINFERENCE_LLM["ai.prompt.messages"], "ai.response.text": "On the Rhone.", "gen_ai.system": "openai.chat", "gen_ai.request.model": "gpt-4o-mini"}
 
+#: openinference-instrumentation-llama-index 4.6.1: ContextChatEngine.chat (the trace root)
+LLAMA_INDEX_CHAT = {"openinference.span.kind": "CHAIN", "input.value": json.dumps({"message": "On which river?", "chat_history": ["ChatMessage(role=<MessageRole.USER: 'user'>, blocks=[TextBlock(text='Where is Lyon?')])"]}), "input.mime_type": "application/json", "output.value": json.dumps({"response": "On the Rhone.", "sources": ["ToolOutput(...)"]}), "output.mime_type": "application/json"}
+
 #: the Langfuse SDK's OTel export of a generation and of an @observe function
 LANGFUSE_GENERATION = {"langfuse.observation.type": "generation", "langfuse.observation.model.name": "gpt-4o-mini", "langfuse.observation.input": json.dumps(HISTORY), "langfuse.observation.output": json.dumps({"role": "assistant", "content": "On the Rhone."})}
 LANGFUSE_OBSERVE_MESSAGES = {"langfuse.observation.type": "span", "langfuse.observation.input": json.dumps({"args": [HISTORY[1:]], "kwargs": {}}), "langfuse.observation.output": "On the Rhone."}
@@ -104,8 +107,9 @@ LANGFUSE_OBSERVE = {"langfuse.observation.type": "span", "langfuse.observation.i
         (LANGFUSE_GENERATION, "langfuse"),
         (LANGFUSE_OBSERVE, "langfuse"),
         (LANGFUSE_OBSERVE_MESSAGES, "langfuse"),
+        (LLAMA_INDEX_CHAT, "openinference"),
     ],
-    ids=["openinference-openai", "openinference-vercel-agent", "openinference-vercel-llm", "vercel-ai", "vercel-ai-doGenerate", "langfuse-generation", "langfuse-observe", "langfuse-observe-messages"],
+    ids=["openinference-openai", "openinference-vercel-agent", "openinference-vercel-llm", "vercel-ai", "vercel-ai-doGenerate", "langfuse-generation", "langfuse-observe", "langfuse-observe-messages", "llama-index-chat-engine"],
 )
 def test_each_source_reads_the_last_user_turn_and_the_reply(attributes, convention):
     """The question is the last user turn (never the system prompt holding the context, nor

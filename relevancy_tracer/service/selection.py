@@ -55,7 +55,7 @@ from ..otel import attributes as A
 from ..tracing.sampling import RateLimitSampler, TraceIdRatioSampler
 from .otlp import ReceivedSpan
 
-QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q")
+QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q", "message", "query_str")
 ANSWER_FIELDS = ("answer", "output", "result", "response", "text", "content", "output_text")
 _DOCUMENT = re.compile(r"^retrieval\.documents\.(\d+)\.document\.content$")
 _INDEXED = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(role|content)$")
@@ -235,7 +235,8 @@ def question_of(value: Any, depth: int = 0) -> str:
 
     * a string: itself;
     * a list of chat messages: the last user message (never a system, tool or assistant one);
-    * an object: the string field named question | query | input | user_input | prompt | q;
+    * an object: the string field named question | query | input | user_input | prompt | q |
+      message (LlamaIndex's chat engines) | query_str;
       ``messages`` (an OpenAI chat request, the Vercel AI SDK's ``{"system", "messages"}``,
       LangChain's chat model input): the last user message; ``prompt`` as a message list;
       ``input`` / ``inputs`` / ``kwargs`` (LangChain chains, Langfuse's ``@observe`` inputs)

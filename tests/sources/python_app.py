@@ -46,8 +46,9 @@ else:
 
 
 def llama_index_app() -> None:
-    """A LlamaIndex query engine over two documents; one query per conversation (its last user
-    turn). The query engine's span is the trace root."""
+    """LlamaIndex over two documents: a query engine for a one-turn conversation, a context
+    chat engine with the earlier turns as history otherwise. The engine's span is the trace
+    root."""
     from llama_index.core import Document, Settings, VectorStoreIndex
     from llama_index.embeddings.openai import OpenAIEmbedding
     from llama_index.llms.openai import OpenAI
@@ -57,8 +58,8 @@ def llama_index_app() -> None:
     roots = []
 
     class Roots(SpanProcessor):
-        def on_end(self, span):  # the trace id of each query
-            if span.parent is None and span.name.endswith("QueryEngine.query"):
+        def on_end(self, span):  # the trace id of each query or chat
+            if span.parent is None and (span.name.endswith("QueryEngine.query") or span.name.endswith("ChatEngine.chat")):
                 roots.append(format(span.context.trace_id, "032x"))
 
     provider.add_span_processor(Roots())
@@ -67,9 +68,14 @@ def llama_index_app() -> None:
     Settings.embed_model = OpenAIEmbedding(model="text-embedding-3-small", api_base=sys.argv[1], api_key="unused", max_retries=0)
     index = VectorStoreIndex.from_documents([Document(text="Lyon lies on the Rhone and the Saone."), Document(text="Paris is on the Seine.")])
     LlamaIndexInstrumentor().instrument(tracer_provider=provider)
-    engine = index.as_query_engine()
+    from llama_index.core.llms import ChatMessage
+
     for conversation in json.loads(sys.argv[2]):
-        engine.query(conversation[-1]["content"])
+        if len(conversation) == 1:
+            index.as_query_engine().query(conversation[-1]["content"])
+        else:  # a chat engine with the earlier turns as its history
+            history = [ChatMessage(role=m["role"], content=m["content"]) for m in conversation[:-1]]
+            index.as_chat_engine(chat_mode="context").chat(conversation[-1]["content"], chat_history=history)
     provider.shutdown()
     print(json.dumps(roots))
     raise SystemExit(0)
