@@ -51,8 +51,11 @@ MATRIX = [
     ("openinference_vercel", "vercel"),
     ("openllmetry_events", "openllmetry_0_52_6"),  # llm.request.type=chat, content as log events
     ("openllmetry_legacy", "openllmetry_0_52_6"),  # gen_ai.prompt.N.* attributes
+    ("openllmetry_events", "openllmetry_0_62_4"),
+    ("openllmetry_legacy", "openllmetry_0_62_4"),
     ("openinference_llama_index", "openinference_llama_index"),  # a query engine: nested CHAIN and LLM spans
-    ("langfuse", "langfuse"),  # langfuse.observation.input / output: an @observe span around a generation
+    ("langfuse", "langfuse"),
+    ("logfire", "logfire"),  # OpenTelemetry mode; "simple" exports every span twice  # langfuse.observation.input / output: an @observe span around a generation
 ]
 
 
@@ -109,8 +112,8 @@ def node_environment() -> Path:
 
 
 #: Bytes of an OTLP protobuf request holding a candidate span (OpenInference kinds as string
-#: values, the Vercel AI SDK's answer, OpenLLMetry's request type).
-CANDIDATE_MARKERS = (b"\n\x05CHAIN", b"\n\x03LLM", b"\n\x05AGENT", b"ai.response.text", b"llm.request.type", b"langfuse.observation.output")
+#: values, the Vercel AI SDK's answer, OpenLLMetry's request type, GenAI attributes, Langfuse's output).
+CANDIDATE_MARKERS = (b"\n\x05CHAIN", b"\n\x03LLM", b"\n\x05AGENT", b"ai.response.text", b"llm.request.type", b"gen_ai.operation.name", b"gen_ai.prompt", b"gen_ai.input.messages", b"langfuse.observation.output")
 
 
 class RetryProxy:
@@ -205,7 +208,7 @@ def run_app(environment: str, source: str, processor: str, endpoint: str, model:
 
 
 @pytest.mark.parametrize("processor", ["simple", "batch"])
-@pytest.mark.parametrize("source, environment", MATRIX, ids=[m[0] for m in MATRIX])
+@pytest.mark.parametrize("source, environment", MATRIX, ids=[m[0] if m[1] in ("vercel", m[0]) else f"{m[0]}-{m[1]}" for m in MATRIX])
 def test_each_call_of_a_real_instrumentation_is_scored_once_with_its_question_and_answer(source, environment, processor, server, app_model, backend):
     from relevancy_tracer.service import ScoringService
 

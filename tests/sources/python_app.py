@@ -19,7 +19,8 @@ source = os.environ["SOURCE"]
 processor = SimpleSpanProcessor if os.environ.get("PROCESSOR") == "simple" else BatchSpanProcessor
 provider = TracerProvider(resource=Resource.create({"service.name": f"{source}-app"}))
 provider.add_span_processor(processor(OTLPSpanExporter()))
-trace.set_tracer_provider(provider)
+if source != "logfire":  # Logfire installs its own
+    trace.set_tracer_provider(provider)
 logger_provider = None
 
 if source == "openinference_openai":
@@ -37,6 +38,8 @@ elif source.startswith("openllmetry"):
     logger_provider.add_log_record_processor((SimpleLogRecordProcessor if os.environ.get("PROCESSOR") == "simple" else BatchLogRecordProcessor)(OTLPLogExporter()))
     _logs.set_logger_provider(logger_provider)
     OpenAIInstrumentor(use_legacy_attributes=source != "openllmetry_events").instrument(tracer_provider=provider, logger_provider=logger_provider)
+elif source == "logfire":
+    pass  # Logfire configures its own provider, below
 elif source == "langfuse":
     pass  # set up below: Langfuse adds its span processor to this provider
 elif source == "openinference_llama_index":
@@ -113,6 +116,30 @@ def langfuse_app() -> None:
     raise SystemExit(0)
 
 
+def logfire_app() -> None:
+    """Pydantic Logfire in OpenTelemetry mode (``send_to_logfire=False``: it exports to
+    OTEL_EXPORTER_OTLP_ENDPOINT with its batch processor); with PROCESSOR=simple a
+    SimpleSpanProcessor exports every span too, so the service receives each span twice."""
+    import logfire
+
+    extra = [SimpleSpanProcessor(OTLPSpanExporter())] if os.environ.get("PROCESSOR") == "simple" else []
+    logfire.configure(send_to_logfire=False, service_name="logfire-app", console=False, additional_span_processors=extra)
+    logfire.instrument_openai()
+    import openai
+
+    client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+    calls = []
+    for conversation in json.loads(sys.argv[2]):
+        with logfire.span("handle") as parent:
+            client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "system", "content": SYSTEM}] + conversation)
+        calls.append(format(parent.get_span_context().trace_id, "032x"))
+    logfire.shutdown()
+    print(json.dumps(calls))
+    raise SystemExit(0)
+
+
+if source == "logfire":
+    logfire_app()
 if source == "openinference_llama_index":
     llama_index_app()
 if source == "langfuse":
