@@ -49,6 +49,8 @@ MATRIX = [
     ("openinference_openai", "openinference_openai"),
     ("vercel_ai", "vercel"),
     ("openinference_vercel", "vercel"),
+    ("vercel_ai_stream", "vercel"),  # streamText: ai.streamText / ai.streamText.doStream
+    ("openinference_vercel_stream", "vercel"),
     ("openllmetry_events", "openllmetry_0_52_6"),  # llm.request.type=chat, content as log events
     ("openllmetry_legacy", "openllmetry_0_52_6"),  # gen_ai.prompt.N.* attributes
     ("openllmetry_events", "openllmetry_0_62_4"),
