@@ -27,7 +27,7 @@ from relevancy_tracer.service.selection import CANDIDATE, SKIPPED, SpanSelector
 
 from .conftest import openai_settings
 from .test_service import backend, evaluator_spans  # noqa: F401 - backend is a fixture
-from .test_service_faults import export_request, kv
+from .test_service_faults import export_request, kv, no_exports  # noqa: F401 - no_exports is a fixture
 
 TRACE = "ab" * 16
 SYSTEM = "Context: Lyon lies on the Rhone, at its confluence with the Saone."
@@ -407,3 +407,28 @@ def test_the_window_holds_bounded_memory_at_its_default_size():
     assert all(not c.span.attributes for t in window._traces.values() for c in t.open.values())
     assert held < 200 * 1024 * 1024, f"{held / 2**20:.0f} MiB held by 10,000 traces"
     print(f"decision window at its default bound: {len(window)} traces, {window.chars:,} characters, {held / 2**20:.0f} MiB held (peak {peak / 2**20:.0f} MiB)")
+
+
+def test_fleet_serve_queues_one_job_for_a_trace_split_over_requests_and_retries(server, tmp_path, no_exports):
+    """In fleet mode the window runs before the Redis Stream: a trace exported span by span and
+    re-sent whole becomes one job, with the outermost question."""
+    from relevancy_tracer.service import ScoringService
+    from relevancy_tracer_testing import RedisServer
+
+    with RedisServer(str(tmp_path)) as redis_server:
+        service = ScoringService(openai_settings(server, decision_wait=30.0), queue_url=redis_server.url, http_port=0, grpc_port=None).start()
+        trace, ids = os.urandom(16), [os.urandom(8) for _ in range(3)]
+        spans = [
+            otlp_span({"openinference.span.kind": "LLM", **{k: v for k, v in OPENINFERENCE_OPENAI.items() if k != "openinference.span.kind"}}, trace, ids[2], ids[1]),
+            otlp_span({"openinference.span.kind": "CHAIN", "input.value": json.dumps({"question": "On which river?"}), "input.mime_type": "application/json", "output.value": "On the Rhone."}, trace, ids[1], ids[0]),
+            otlp_span({}, trace, ids[0], b"", "GET /answer"),
+        ]
+        try:
+            for one in spans:
+                assert post(service, one) == 200
+            assert post(service, *spans) == 200
+            assert service.flush(10)
+            jobs = [json.loads(fields[b"job"]) for _, fields in service.queue.redis.xrange(service.queue.stream)]
+        finally:
+            service.stop(10)
+    assert [(j["trace_id"], j["span_id"], j["question"], j["answer"]) for j in jobs] == [(trace.hex(), ids[1].hex(), "On which river?", "On the Rhone.")]
