@@ -432,3 +432,48 @@ def test_fleet_serve_queues_one_job_for_a_trace_split_over_requests_and_retries(
         finally:
             service.stop(10)
     assert [(j["trace_id"], j["span_id"], j["question"], j["answer"]) for j in jobs] == [(trace.hex(), ids[1].hex(), "On which river?", "On the Rhone.")]
+
+
+@st.composite
+def split_traces(draw: Any) -> tuple[list[ReceivedSpan], list[list[ReceivedSpan]]]:
+    """A trace of up to 12 spans (a random tree, some of them candidates), cut into export
+    requests in any order, some spans sent twice (retries, duplicates)."""
+    n = draw(st.integers(1, 12))
+    spans = []
+    for i in range(n):
+        parent = "" if i == 0 else f"{draw(st.integers(0, i - 1)) + 1:016x}"
+        candidate = draw(st.booleans())
+        spans.append(chain(f"{i + 1:016x}", parent, f"q{i}?" if candidate else "", kind="LLM" if candidate else "CHAIN"))
+    if draw(st.booleans()):  # the root is an app span that is never a candidate, or not exported
+        spans[0] = ReceivedSpan(TRACE, spans[0].span_id, "", "GET /", 1, {})
+    sent = draw(st.permutations(spans)) + draw(st.lists(st.sampled_from(spans), max_size=4))
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(sent) - 1)), max_size=len(sent))))
+    requests = [sent[a:b] for a, b in zip([0] + cuts, cuts + [len(sent)]) if sent[a:b]]
+    return spans, requests
+
+
+@given(split_traces())
+@settings(max_examples=300, deadline=None)
+def test_whatever_the_batching_each_outermost_call_is_chosen_exactly_once(case):
+    spans, requests = case
+    by_id = {s.span_id: s for s in spans}
+    candidates = {s.span_id for s in spans if s.attributes.get("input.value")}
+
+    def outermost(span_id: str) -> bool:
+        node = by_id[span_id].parent_span_id
+        while node:
+            if node in candidates:
+                return False
+            node = by_id[node].parent_span_id
+        return True
+
+    clock = Clock()
+    window = DecisionWindow(5.0, 100, 1000, 100_000, clock=clock)
+    chosen = []
+    for request in requests:
+        chosen += feed(window, request)[0]
+        clock.now += 1.0  # less than the wait: the trace is still open
+        chosen += due(window)[0]
+    clock.now += 100
+    chosen += due(window)[0]
+    assert sorted(chosen) == sorted(by_id[i].attributes["input.value"] for i in candidates if outermost(i))

@@ -208,8 +208,9 @@ class ScoringService:
         if self.window is None:  # decide within this request
             candidates, pending = self.selector.choose(valid, classified)
             admission = self._admit(candidates, pending, {}, Admission(True, rejected, message))
-            if admission.accepted:
-                self._count_skipped(skipped)
+            if admission.accepted:  # a trace with a call scored: its other spans are not counted
+                scored = {c.span.trace_id for c in candidates + pending}
+                self._count_skipped([item for item in skipped if item.span.trace_id not in scored])
             return admission
         with self.window.lock:
             plan = self.window.plan(valid, classified, skipped)

@@ -147,8 +147,11 @@ def _parse(text: str, declared_json: bool) -> Any:
         return text
 
 
+_JSON_START = re.compile(r"\s*[\[{]")
+
+
 def _looks_json(text: str) -> bool:
-    return text.lstrip()[:1] in ("{", "[")
+    return _JSON_START.match(text) is not None
 
 
 def _role(message: dict) -> str:
@@ -352,19 +355,24 @@ def _value(attributes: dict[str, Any], key: str, mime_key: Optional[str] = None,
     return _parse(raw, declared) if declared or serialised or _looks_json(raw) else raw
 
 
-def _indexed_messages(attributes: dict[str, Any], prefix: str) -> Optional[list[tuple[str, Optional[str], bool]]]:
-    """OpenInference's flattened messages ``<prefix>.<i>.message.role`` / ``.content`` /
-    ``.contents.<j>.message_content.type|text`` / ``.tool_calls.<k>...``, in index order;
-    None when there are none."""
-    found: dict[int, dict[str, Any]] = {}
-    head = prefix + "."
+def _indexed_messages(attributes: dict[str, Any]) -> dict[str, list[tuple[str, Optional[str], bool]]]:
+    """OpenInference's flattened messages ``llm.input_messages.<i>.message.role`` / ``.content``
+    / ``.contents.<j>.message_content.type|text`` / ``.tool_calls.<k>...`` (and the same under
+    ``llm.output_messages``), in index order, by prefix; one pass over the attributes."""
+    found: dict[str, dict[int, dict[str, Any]]] = {}
     for key, value in attributes.items():
-        if not key.startswith(head):
+        if not key.startswith("llm."):
             continue
-        match = _OI_MESSAGE.match(key, len(head))
+        if key.startswith("llm.input_messages."):
+            prefix = "llm.input_messages"
+        elif key.startswith("llm.output_messages."):
+            prefix = "llm.output_messages"
+        else:
+            continue
+        match = _OI_MESSAGE.match(key, len(prefix) + 1)
         if match is None:
             continue
-        entry = found.setdefault(int(match.group(1)), {"parts": {}})
+        entry = found.setdefault(prefix, {}).setdefault(int(match.group(1)), {"parts": {}})
         field_name = match.group(2)
         if field_name == "message.role":
             entry["role"] = value
@@ -376,15 +384,16 @@ def _indexed_messages(attributes: dict[str, Any], prefix: str) -> Optional[list[
                 entry["parts"].setdefault(int(part.group(1)), {})[part.group(2)] = value
         elif field_name.startswith("message.tool_calls."):
             entry["tool"] = True
-    if not found:
-        return None
-    out = []
-    for _, entry in sorted(found.items()):
-        text = entry.get("content") if isinstance(entry.get("content"), str) else None
-        if text is None and entry["parts"]:
-            text = "".join(p["text"] for _, p in sorted(entry["parts"].items()) if p.get("type", "text") == "text" and isinstance(p.get("text"), str)) or None
-        role = str(entry.get("role") or "").lower()
-        out.append(({"human": "user", "ai": "assistant"}.get(role, role), text, bool(entry.get("tool"))))
+    out = {}
+    for prefix, entries in found.items():
+        messages = []
+        for _, entry in sorted(entries.items()):
+            text = entry.get("content") if isinstance(entry.get("content"), str) else None
+            if text is None and entry["parts"]:
+                text = "".join(p["text"] for _, p in sorted(entry["parts"].items()) if p.get("type", "text") == "text" and isinstance(p.get("text"), str)) or None
+            role = str(entry.get("role") or "").lower()
+            messages.append(({"human": "user", "ai": "assistant"}.get(role, role), text, bool(entry.get("tool"))))
+        out[prefix] = messages
     return out
 
 
@@ -393,9 +402,9 @@ def openinference_texts(attributes: dict[str, Any]) -> tuple[str, str]:
     message) else ``input.value``; ``llm.output_messages`` (the assistant's text) else
     ``output.value`` (an OpenAI request / response JSON, a chain's inputs / outputs, or
     plain text; see :func:`question_of`, :func:`answer_of`). Raises Unreadable."""
-    messages = _indexed_messages(attributes, "llm.input_messages")
+    indexed = _indexed_messages(attributes)
+    messages, outputs = indexed.get("llm.input_messages"), indexed.get("llm.output_messages")
     question = last_user_text(messages) if messages is not None else question_of(_value(attributes, A.INPUT_VALUE, "input.mime_type"))
-    outputs = _indexed_messages(attributes, "llm.output_messages")
     answer = assistant_text(outputs) if outputs is not None else answer_of(_value(attributes, A.OUTPUT_VALUE, "output.mime_type"))
     return question, answer
 
