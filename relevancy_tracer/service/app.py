@@ -1,10 +1,13 @@
 """``relevancy-tracer serve`` and ``relevancy-tracer worker``: scoring spans of apps that never
 import this package.
 
-* :class:`ScoringService` receives OTLP traces and logs (``receiver.py``), selects the spans to
-  score (``selection.py``: OpenInference and GenAI attributes, filters, the decorator's
-  samplers), joins GenAI content that travels as log events to its span (``join.py``, in this
-  process, before queueing) and queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest` per span, a whole export
+* :class:`ScoringService` receives OTLP traces and logs (``receiver.py``), reads the spans to
+  score (``selection.py``: OpenInference, Vercel AI SDK, Langfuse and GenAI attributes,
+  filters), holds each trace's candidates until its outermost call is known (``decision.py``:
+  once per call whatever the batching, retries recognised), applies the decorator's samplers,
+  joins GenAI content that travels as log events to its span (``join.py``, in this process,
+  before queueing), counts spans that look like calls but yield nothing
+  (``relevancy.service.skipped``) and queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest` per span, a whole export
   request or nothing: in process (the decorator's bounded :class:`~relevancy_tracer._background.jobqueue.JobQueue`,
   the default), or on a Redis Stream (``--queue redis://...``) for a fleet. A full queue refuses
   the request with OTLP's retryable codes, so the exporter re-sends it; a request with more
@@ -107,8 +110,10 @@ class ScoringService:
         settings: models, method, capture, ``concurrency``, ``queue_size``,
             ``evaluation_timeout``, ``phoenix_url``, ``service_token``,
             ``max_request_bytes`` and the ``receiver_*`` bounds (default: from the environment).
-        selection: which spans to score (default: OpenInference CHAIN/AGENT/LLM and GenAI spans,
-            outermost per trace, the settings' ``sample_ratio`` and ``rate_limit``).
+        selection: which spans to score (default: OpenInference CHAIN/AGENT/LLM, Vercel AI SDK,
+            Langfuse and GenAI spans, outermost per trace, the settings' ``sample_ratio`` and
+            ``rate_limit``). The settings' ``decision_wait`` and ``decision_max_traces`` size
+            the decision window (``decision_wait=0``: outermost within each request).
         queue_url: ``redis://host:port/db`` to queue on a Redis Stream for a fleet of
             :class:`FleetWorker`; None to score in this process.
         host, http_port, grpc_port: where to listen (0: a free port; None: protocol off).
@@ -176,6 +181,7 @@ class ScoringService:
         self._skipped_counter = meter.create_counter("relevancy.service.skipped", unit="{span}", description="Spans that look like an LLM, chain or agent call but yield no question or answer, by relevancy.source and relevancy.reason")
         self.skipped_spans: dict[tuple[str, str], int] = {}
         self._skip_logged: dict[tuple[str, str], float] = {}
+        self._skip_lock = threading.Lock()
         self._sweeping = threading.Event()
         self._sweeper: Optional[threading.Thread] = None
         self.skipped: dict[str, int] = {}
@@ -339,10 +345,13 @@ class ScoringService:
         now = time.monotonic()
         for item in skipped:
             key = (item.source, item.reason)
-            self.skipped_spans[key] = self.skipped_spans.get(key, 0) + 1
+            with self._skip_lock:
+                self.skipped_spans[key] = self.skipped_spans.get(key, 0) + 1
+                log = now - self._skip_logged.get(key, -1e9) >= 60.0
+                if log:
+                    self._skip_logged[key] = now
             self._skipped_counter.add(1, {"relevancy.source": item.source, "relevancy.reason": item.reason})
-            if now - self._skip_logged.get(key, -1e9) >= 60.0:
-                self._skip_logged[key] = now
+            if log:
                 keys = sorted(str(k)[:80] for k in item.span.attributes)
                 logger.warning("relevancy-tracer serve: %s span %r yields no question or answer (%s); attribute keys: %s%s (further such spans are counted in relevancy.service.skipped, logged once a minute)", item.source, item.span.name[:80], item.reason, ", ".join(keys[:40]), f" and {len(keys) - 40} more" if len(keys) > 40 else "")
 
@@ -350,7 +359,8 @@ class ScoringService:
         self._join_expired.add(count, {"relevancy.join.reason": reason})
 
     def _sweep(self) -> None:
-        """Expire held halves while serving (every quarter of ``join_ttl``, at most 1 s)."""
+        """Expire held halves and decide the traces whose window ended, while serving (every
+        quarter of ``join_ttl`` and of ``decision_wait``, at most 1 s)."""
         while not self._sweeping.wait(min(1.0, self.settings.join_ttl / 4, self.settings.decision_wait / 4 or 1.0)):
             try:
                 self.join.expire()
