@@ -78,12 +78,13 @@ SOURCES = ("openinference", "vercel_ai", "langfuse", "genai")
 UNKNOWN_JSON = "unknown_json"  # a JSON value with no field this module knows
 INVALID_JSON = "invalid_json"  # declared JSON (mime type), not parseable
 TOO_DEEP = "too_deep"  # nested past the JSON parser's limit
+PYTHON_REPR = "python_repr"  # a Python object's repr (a prompt template, a message list), not text
 NO_INPUT = "no_input"  # no input.value, llm.input_messages
 NO_QUESTION = "no_question"
 NO_USER_MESSAGE = "no_user_message"  # chat messages without a user turn
 NO_ANSWER = "no_answer"
 TOOL_CALL = "tool_call"  # the reply only calls tools
-SKIP_REASONS = (UNKNOWN_JSON, INVALID_JSON, TOO_DEEP, NO_INPUT, NO_QUESTION, NO_USER_MESSAGE, NO_ANSWER, TOOL_CALL)
+SKIP_REASONS = (UNKNOWN_JSON, INVALID_JSON, TOO_DEEP, PYTHON_REPR, NO_INPUT, NO_QUESTION, NO_USER_MESSAGE, NO_ANSWER, TOOL_CALL)
 # verdicts of SpanSelector.read
 CANDIDATE, PENDING, SKIPPED, IGNORED = "candidate", "pending", "skipped", "ignored"
 
@@ -143,11 +144,14 @@ def _parse(text: str, declared_json: bool) -> Any:
         raise Unreadable(TOO_DEEP) from None
     except ValueError:
         if declared_json:
-            raise Unreadable(INVALID_JSON) from None
+            raise Unreadable(PYTHON_REPR if _PYTHON_REPR.match(text) else INVALID_JSON) from None
         return text
 
 
 _JSON_START = re.compile(r"\s*[\[{]")
+#: The repr of a Python object that instrumentations put where JSON failed: a dict or list repr
+#: (``{'template': ...``), or a class's (``PromptTemplate(...)``, ``ChatMessage(role=...``).
+_PYTHON_REPR = re.compile(r"\s*(?:[\[{]\s*'|[A-Z][A-Za-z]*(?:Template|Message|Bundle|Node|Prompt)\w*\()")
 
 
 def _looks_json(text: str) -> bool:
@@ -236,7 +240,8 @@ def assistant_text(messages: list[tuple[str, Optional[str], bool]]) -> str:
 def question_of(value: Any, depth: int = 0) -> str:
     """The user's question in a parsed input value, by known shape only:
 
-    * a string: itself;
+    * a string: itself, unless it is a Python object's repr (a prompt template, ``{'...``:
+      what an instrumentation records when the value is not JSON): Unreadable(python_repr);
     * a list of chat messages: the last user message (never a system, tool or assistant one);
     * an object: the string field named question | query | input | user_input | prompt | q |
       message (LlamaIndex's chat engines) | query_str;
@@ -250,6 +255,8 @@ def question_of(value: Any, depth: int = 0) -> str:
     known keys: the cost is linear in the value's size.
     """
     if isinstance(value, str):
+        if _PYTHON_REPR.match(value):
+            raise Unreadable(PYTHON_REPR)
         if value.strip():
             return value
         raise Unreadable(NO_QUESTION)
@@ -260,7 +267,7 @@ def question_of(value: Any, depth: int = 0) -> str:
         for name in QUESTION_FIELDS:
             field_value = value.get(name)
             if isinstance(field_value, str) and field_value.strip():
-                return field_value
+                return question_of(field_value, depth + 1)  # a repr is refused there
         for name in ("messages", "prompt"):
             messages = _messages(value.get(name))
             if messages is not None:
