@@ -479,3 +479,22 @@ def test_whatever_the_batching_each_outermost_call_is_chosen_exactly_once(case):
     clock.now += 100
     chosen += due(window)[0]
     assert sorted(chosen) == sorted(by_id[i].attributes["input.value"] for i in candidates if outermost(i))
+
+
+def test_a_call_awaiting_its_content_events_is_decided_before_the_join_lets_them_go():
+    """A GenAI call whose content comes as log events, in a trace that keeps receiving spans
+    (an agent): decided after max_pending_hold (the service passes join_ttl / 2), not after the
+    trace's longer max_hold."""
+    clock = Clock()
+    window = DecisionWindow(10.0, 100, 1000, 100_000, max_pending_hold=15.0, clock=clock)
+    chat = ReceivedSpan(TRACE, "a" * 16, "f" * 16, "chat gpt-4o", 1, {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o"})
+    feed(window, [chat])
+    chosen = []
+    for i in range(20):  # a span every 5 s: the window slides
+        clock.now += 5
+        feed(window, [ReceivedSpan(TRACE, f"{i + 1:016x}", "f" * 16, "tool", 1, {})])
+        with window.lock:
+            chosen += [(c.span.span_id, c.convention) for c in window.due()[0]]
+        if chosen:
+            break
+    assert chosen == [("a" * 16, "genai-events")] and clock.now <= 15

@@ -66,6 +66,7 @@ class _Trace:
     root_chosen: bool = False
     decided_at: Optional[float] = None
     chars: int = 0
+    pending_since: Optional[float] = None  # when a call awaiting its content events was first held
 
 
 @dataclass
@@ -103,12 +104,16 @@ class DecisionWindow:
         max_documents, max_document_chars: retrieved documents kept per trace (count, and
             characters in all), for contexts.
         max_hold: seconds a trace is held at most after its first span (default 6 x wait).
+        max_pending_hold: seconds a trace is held at most after a GenAI call awaiting its
+            content events (convention ``genai-events``) was first held in it (default
+            ``max_hold``; the service passes half the join's ``join_ttl``, so those events are
+            still held by the join when the call reaches it).
         remember: seconds a decided trace is remembered (default 10 x wait).
         on_outcome: ``fn(outcome, count)`` for every count above.
         clock: monotonic seconds (tests pass their own).
     """
 
-    def __init__(self, wait: float, max_traces: int, max_spans: int, max_chars: int, *, max_documents: int = 16, max_document_chars: int = 32000, max_hold: Optional[float] = None, remember: Optional[float] = None, on_outcome: Callable[[str, int], None] = lambda outcome, n: None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, wait: float, max_traces: int, max_spans: int, max_chars: int, *, max_documents: int = 16, max_document_chars: int = 32000, max_hold: Optional[float] = None, max_pending_hold: Optional[float] = None, remember: Optional[float] = None, on_outcome: Callable[[str, int], None] = lambda outcome, n: None, clock: Callable[[], float] = time.monotonic):
         self.wait = wait
         self.max_traces = max_traces
         self.max_spans = max_spans
@@ -116,6 +121,7 @@ class DecisionWindow:
         self.max_documents = max_documents
         self.max_document_chars = max_document_chars
         self.max_hold = 6 * wait if max_hold is None else max_hold
+        self.max_pending_hold = self.max_hold if max_pending_hold is None else max_pending_hold
         self.remember = 10 * wait if remember is None else remember
         self.on_outcome = on_outcome
         self.clock = clock
@@ -208,6 +214,8 @@ class DecisionWindow:
                 self._add_documents(trace, span_documents(span.attributes))
         for candidate in plan.hold:
             trace = self._traces[candidate.span.trace_id]
+            if candidate.convention == "genai-events" and trace.pending_since is None:
+                trace.pending_since = now
             # held without its attributes (its texts and own documents are taken): an embedding
             # vector or a 16 MiB attribute is not held past its request
             candidate.contexts = candidate.contexts or self._trace_documents(None, span_documents(candidate.span.attributes))
@@ -263,7 +271,8 @@ class DecisionWindow:
         chosen: list[Candidate] = []
         skipped: list[Skipped] = []
         for trace in list(self._traces.values()):
-            if trace.decided_at is None and (everything or now - trace.last >= self.wait or now - trace.first >= self.max_hold):
+            pending_due = trace.pending_since is not None and now - trace.pending_since >= self.max_pending_hold
+            if trace.decided_at is None and (everything or now - trace.last >= self.wait or now - trace.first >= self.max_hold or pending_due):
                 found, lost = self._decide(trace, now, WINDOW)
                 chosen += found
                 skipped += lost
@@ -318,6 +327,7 @@ class DecisionWindow:
         trace.documents = []
         trace.chars = 0
         trace.decided_at = now
+        trace.pending_since = None
 
     def _covered(self, trace: _Trace, span_id: str, marks: set[str], memo: dict[str, bool]) -> bool:
         """Whether ``span_id`` or an ancestor is in ``marks``; a walk ending at a span never
