@@ -322,6 +322,9 @@ def test_skipped_spans_are_reported_once_unless_a_chosen_call_covers_them():
     _, skipped = feed(window, [alone])
     clock.now += 2
     skipped += due(window)[1]
+    skipped += feed(window, [alone])[1]  # re-sent after its trace was decided: counted once
+    clock.now += 2
+    skipped += due(window)[1]
     assert [(s.source, s.reason) for s in skipped] == [("openinference", "unknown_json")]
 
 

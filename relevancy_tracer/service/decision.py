@@ -193,9 +193,10 @@ class DecisionWindow:
             candidate.contexts = self._trace_documents(None, span_documents(candidate.span.attributes)) or self._trace_documents(trace, retrieved.get(candidate.span.trace_id, []))
             ready.append(candidate)
             outcomes[ROOT] = outcomes.get(ROOT, 0) + 1
-        return Plan(spans, ready, hold, list(skipped), outcomes)
+        fresh_skipped = [item for item in skipped if (item.span.trace_id, item.span.span_id) in fresh]  # a re-sent one was counted
+        return Plan(spans, ready, hold, fresh_skipped, outcomes)
 
-    def commit(self, plan: Plan, documents: Optional[dict[str, list[str]]] = None) -> list[Skipped]:
+    def commit(self, plan: Plan) -> list[Skipped]:
         """Apply ``plan`` (its ready candidates were queued): remember its spans, hold its
         candidates, mark chosen roots; then enforce the bounds. Returns the skipped spans of
         traces decided by this request (to count). Call under :attr:`lock`."""
