@@ -501,3 +501,20 @@ def test_a_call_awaiting_its_content_events_is_decided_before_the_join_lets_them
         if chosen:
             break
     assert chosen == [("a" * 16, "genai-events")] and clock.now <= 15
+
+
+def test_a_retry_arriving_while_the_first_attempt_is_being_queued_is_a_duplicate_and_a_refusal_forgets_both():
+    """Offers to the queue run outside the window's lock: a concurrent request carrying the
+    same spans sees them reserved (duplicates); when the first attempt is refused, nothing is
+    remembered, so the exporter's next retry is taken."""
+    window = DecisionWindow(10.0, 100, 1000, 100_000, clock=Clock())
+    candidates, skipped = SpanSelector().classify(QUERY)
+    with window.lock:
+        first = window.plan(QUERY, candidates, skipped)
+        window.reserve(first)
+        concurrent = window.plan(QUERY, *SpanSelector().classify(QUERY))
+        window.release(first)  # the queue refused the first attempt: no commit
+        retry = window.plan(QUERY, *SpanSelector().classify(QUERY))
+    assert [c.question for c in first.ready] == ["On which river is Lyon?"] and len(first.hold) == 1
+    assert not concurrent.ready and not concurrent.hold and concurrent.outcomes == {DUPLICATE: 2}
+    assert [c.question for c in retry.ready] == ["On which river is Lyon?"]

@@ -218,15 +218,23 @@ class ScoringService:
                 scored = {c.span.trace_id for c in candidates + pending}
                 self._count_skipped([item for item in skipped if item.span.trace_id not in scored])
             return admission
-        with self.window.lock:
-            plan = self.window.plan(valid, classified, skipped)
+        window = self.window
+        with window.lock:
+            plan = window.plan(valid, classified, skipped)
+            window.reserve(plan)
+        admission = Admission(False)
+        try:  # queued outside the window's lock: offers to the queue stay concurrent
             ready = [c for c in plan.ready if self.selector.sampled(c)]
             admission = self._admit([c for c in ready if c.convention != "genai-events"], [c for c in ready if c.convention == "genai-events"], {}, Admission(True, rejected, message))
-            if not admission.accepted:  # nothing remembered: the exporter re-sends the request
-                return admission
-            lost = self.window.commit(plan)
-            early, more = self.window.enforce()
-            self._queue_chosen(early, reopen=False)
+        finally:
+            with window.lock:
+                window.release(plan)
+                if admission.accepted:  # else nothing is remembered: the exporter re-sends the request
+                    lost = window.commit(plan)
+                    early, more = window.enforce()
+        if not admission.accepted:
+            return admission
+        self._queue_chosen(early, reopen=False)
         self._count_skipped(lost + more)
         return admission
 
@@ -310,7 +318,7 @@ class ScoringService:
         return bool(ok)
 
     def _queue_chosen(self, chosen: list[Candidate], reopen: bool = True) -> None:
-        """Queue candidates the decision window chose (call under its lock). Refused by a full
+        """Queue candidates the decision window chose (outside its lock). Refused by a full
         queue: held again for another window (``reopen``), else dropped and counted."""
         chosen = [c for c in chosen if self.selector.sampled(c)]
         if not chosen:
@@ -319,7 +327,8 @@ class ScoringService:
         if admission.accepted:
             return
         if reopen and self.window is not None:
-            self.window.reopen(chosen)
+            with self.window.lock:
+                self.window.reopen(chosen)
         else:
             self._decided("dropped", len(chosen))
             logger.warning("relevancy-tracer serve: %d chosen span(s) dropped: the queue is full and the decision window at its bound", len(chosen))
@@ -332,7 +341,7 @@ class ScoringService:
             return
         with self.window.lock:
             chosen, skipped = self.window.due(everything)
-            self._queue_chosen(chosen, reopen=not everything)
+        self._queue_chosen(chosen, reopen=not everything)
         self._count_skipped(skipped)
 
     def _decided(self, outcome: str, count: int) -> None:

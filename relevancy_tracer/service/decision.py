@@ -29,8 +29,11 @@ Past a bound the oldest open trace is decided early (counted ``early``) and the 
 trace forgotten. A trace is held at most ``max_hold`` seconds after its first span (default 6 x
 ``wait``) even while spans keep arriving, and remembered ``remember`` seconds after its decision
 (default 10 x ``wait``) to recognise retries and late spans. The window adds no thread: the
-service calls :meth:`DecisionWindow.plan` / :meth:`DecisionWindow.commit` per request and
-:meth:`DecisionWindow.due` from its sweeper, under :attr:`DecisionWindow.lock`.
+service calls :meth:`DecisionWindow.plan` and :meth:`DecisionWindow.reserve` per request under
+:attr:`DecisionWindow.lock`, queues the ready candidates outside it (queue offers stay
+concurrent; a concurrent request carrying the same spans sees them as duplicates), then
+:meth:`DecisionWindow.release` and :meth:`DecisionWindow.commit` under it again; and
+:meth:`DecisionWindow.due` from its sweeper.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class Plan:
     hold: list[Candidate]
     skipped: list[Skipped]
     outcomes: dict[str, int]
+    keys: set[tuple[str, str]] = field(default_factory=set)
 
 
 def _light(span: ReceivedSpan, keys: bool = False) -> ReceivedSpan:
@@ -129,6 +133,7 @@ class DecisionWindow:
         self._traces: "OrderedDict[str, _Trace]" = OrderedDict()  # by first arrival
         self._spans = 0
         self._chars = 0
+        self._inflight: dict[tuple[str, str], int] = {}  # span keys of requests being queued
         self.outcomes: dict[str, int] = {}
 
     # ------------------------------------------------------------------ sizes
@@ -163,8 +168,8 @@ class DecisionWindow:
         for span in spans:
             trace = self._traces.get(span.trace_id)
             seen = batch.setdefault(span.trace_id, {})
-            if (trace is not None and span.span_id in trace.parents) or span.span_id in seen:
-                continue
+            if (trace is not None and span.span_id in trace.parents) or span.span_id in seen or (span.trace_id, span.span_id) in self._inflight:
+                continue  # seen before, or in a request being queued now (a concurrent retry)
             seen[span.span_id] = span.parent_span_id
             fresh.add((span.trace_id, span.span_id))
         retrieved: dict[str, list[str]] = {}
@@ -194,7 +199,24 @@ class DecisionWindow:
             ready.append(candidate)
             outcomes[ROOT] = outcomes.get(ROOT, 0) + 1
         fresh_skipped = [item for item in skipped if (item.span.trace_id, item.span.span_id) in fresh]  # a re-sent one was counted
-        return Plan(spans, ready, hold, fresh_skipped, outcomes)
+        keys = {(trace_id, span_id) for trace_id, seen in batch.items() for span_id in seen}
+        return Plan(spans, ready, hold, fresh_skipped, outcomes, keys)
+
+    def reserve(self, plan: Plan) -> None:
+        """Mark the plan's spans as being queued (call under :attr:`lock`): a concurrent request
+        carrying them (an exporter's retry while the first attempt waits on the queue) sees
+        them as duplicates. :meth:`release` them once the queue answered."""
+        for key in plan.keys:
+            self._inflight[key] = self._inflight.get(key, 0) + 1
+
+    def release(self, plan: Plan) -> None:
+        """Undo :meth:`reserve` (call under :attr:`lock`, before :meth:`commit`)."""
+        for key in plan.keys:
+            left = self._inflight.get(key, 0) - 1
+            if left > 0:
+                self._inflight[key] = left
+            else:
+                self._inflight.pop(key, None)
 
     def commit(self, plan: Plan) -> list[Skipped]:
         """Apply ``plan`` (its ready candidates were queued): remember its spans, hold its
