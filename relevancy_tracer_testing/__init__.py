@@ -9,7 +9,8 @@ it). Users testing their own apps need none of it: the fake server's default rep
 package's own prompts and its scripts inject the faults the tracer is tested against. It is
 importable from the repository root (pytest's rootdir, ``python -m benchmarks.NAME``).
 
-The OpenAI-compatible server serves ``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``GET /v1/models`` over real
+The OpenAI-compatible server serves ``POST /v1/chat/completions`` (``stream: true`` too, as
+server-sent events), ``POST /v1/embeddings`` and ``GET /v1/models`` over real
 HTTP/1.1 (keep-alive), so the ``openai`` client's timeouts, retries and connection handling are
 exercised for real. Replies are either scripted (a queue per endpoint) or produced by default
 responders that understand this package's prompts. Every request body is recorded.
@@ -269,6 +270,28 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_stream(self, response: dict, usage: bool) -> None:
+        """A chat completion as OpenAI's server-sent events (``stream: true``): per choice a
+        role delta, the content in two deltas and a finish chunk; the usage chunk when asked
+        (``stream_options.include_usage``); then ``[DONE]``."""
+        base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"], "model": response["model"]}
+        chunks = []
+        for choice in response["choices"]:
+            text = choice["message"]["content"] or ""
+            index = choice["index"]
+            chunks.append({**base, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+            for piece in (text[: len(text) // 2], text[len(text) // 2 :]):
+                chunks.append({**base, "choices": [{"index": index, "delta": {"content": piece}, "finish_reason": None}]})
+            chunks.append({**base, "choices": [{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}]})
+        if usage:
+            chunks.append({**base, "choices": [], "usage": response["usage"]})
+        data = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks).encode("utf-8") + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         if self.path.rstrip("/").endswith("/models"):
             self._send_json(200, {"object": "list", "data": [{"id": "fake-chat", "object": "model"}, {"id": "fake-embed", "object": "model"}]})
@@ -328,7 +351,9 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(item, Raw):
             self._send_json(200, item.body)
             return
-        if kind == "chat":
+        if kind == "chat" and body.get("stream"):
+            self._send_stream(owner._chat_response(body, item), bool((body.get("stream_options") or {}).get("include_usage")))
+        elif kind == "chat":
             self._send_json(200, owner._chat_response(body, item))
         else:
             self._send_json(200, owner._embedding_response(body))

@@ -428,7 +428,10 @@ def test_sigterm_while_requests_wait_on_a_stalled_redis_answers_them_and_exits_c
     from .test_service_faults import TOKEN, TRACES, chain_span, export_request, start_serve
 
     serve = start_serve(tmp_path, server, backend, "--queue", redis_server.url)
+    # two requests with spans of their own: one re-sending the other's spans would be answered
+    # at once as a duplicate (the decision window), not wait on Redis
     body = export_request(chain_span("Is Redis answering?", "No.")).SerializeToString()
+    grpc_body = export_request(chain_span("Is Redis answering now?", "No.")).SerializeToString()
     answers: dict[str, Any] = {}
 
     def post() -> None:
@@ -438,7 +441,7 @@ def test_sigterm_while_requests_wait_on_a_stalled_redis_answers_them_and_exits_c
     def call() -> None:
         with grpc.insecure_channel(f"127.0.0.1:{serve.grpc_port}") as channel:
             try:
-                channel.unary_unary("/" + TRACES)(body, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=60)
+                channel.unary_unary("/" + TRACES)(grpc_body, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=60)
                 answers["grpc"] = grpc.StatusCode.OK
             except grpc.RpcError as exc:
                 answers["grpc"] = exc.code()

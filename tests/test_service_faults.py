@@ -762,12 +762,13 @@ def test_a_request_larger_than_the_queue_is_admitted_when_the_queue_is_empty(ser
     server.chat_delay = 0.1  # the queue is still busy when the second request comes
     service = ScoringService(openai_settings(server, queue_size=5, concurrency=1, hold_timeout=120.0), http_port=0, grpc_port=None).start()
     try:
-        big = export_request(*[chain_span(f"Where is town {i}?", f"Town {i} is in France.") for i in range(12)]).SerializeToString()
-        assert urllib_post(service.server.http_port, big) == 200
+        # fresh span ids each time: a request re-sent as is would be recognised (decision window)
+        big = lambda: export_request(*[chain_span(f"Where is town {i}?", f"Town {i} is in France.") for i in range(12)]).SerializeToString()  # noqa: E731
+        assert urllib_post(service.server.http_port, big()) == 200
         assert service.accepted == 12
-        assert urllib_post(service.server.http_port, big) == 429  # the first is still queued
+        assert urllib_post(service.server.http_port, big()) == 429  # the first is still queued
         assert service.flush(60)
-        assert urllib_post(service.server.http_port, big) == 200 and service.accepted == 24
+        assert urllib_post(service.server.http_port, big()) == 200 and service.accepted == 24
         assert service.flush(60)
         assert len(server.requests_to("chat")) == 24
     finally:

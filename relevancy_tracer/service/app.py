@@ -1,10 +1,13 @@
 """``relevancy-tracer serve`` and ``relevancy-tracer worker``: scoring spans of apps that never
 import this package.
 
-* :class:`ScoringService` receives OTLP traces and logs (``receiver.py``), selects the spans to
-  score (``selection.py``: OpenInference and GenAI attributes, filters, the decorator's
-  samplers), joins GenAI content that travels as log events to its span (``join.py``, in this
-  process, before queueing) and queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest` per span, a whole export
+* :class:`ScoringService` receives OTLP traces and logs (``receiver.py``), reads the spans to
+  score (``selection.py``: OpenInference, Vercel AI SDK, Langfuse and GenAI attributes,
+  filters), holds each trace's candidates until its outermost call is known (``decision.py``:
+  once per call whatever the batching, retries recognised), applies the decorator's samplers,
+  joins GenAI content that travels as log events to its span (``join.py``, in this process,
+  before queueing), counts spans that look like calls but yield nothing
+  (``relevancy.service.skipped``) and queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest` per span, a whole export
   request or nothing: in process (the decorator's bounded :class:`~relevancy_tracer._background.jobqueue.JobQueue`,
   the default), or on a Redis Stream (``--queue redis://...``) for a fleet. A full queue refuses
   the request with OTLP's retryable codes, so the exporter re-sends it; a request with more
@@ -34,11 +37,12 @@ from ..phoenix_annotations import PhoenixClient
 from ..result import Status
 from .._background.jobqueue import JobQueue
 from .jobs import ScoreRequest
+from .decision import DecisionWindow
 from .join import Content, ContentJoin, Held, is_content_event
 from .otlp import log_records_of, spans_of
 from .queue import OUT_OF_MEMORY, describe_redis_error
 from .receiver import Admission, DrainRate, OTLPServer, ReceiverLimits
-from .selection import Candidate, Selection, SpanSelector
+from .selection import Candidate, Selection, Skipped, SpanSelector
 from .telemetry import ServiceTelemetry
 from .writer import Scorer
 
@@ -106,8 +110,10 @@ class ScoringService:
         settings: models, method, capture, ``concurrency``, ``queue_size``,
             ``evaluation_timeout``, ``phoenix_url``, ``service_token``,
             ``max_request_bytes`` and the ``receiver_*`` bounds (default: from the environment).
-        selection: which spans to score (default: OpenInference CHAIN/AGENT/LLM and GenAI spans,
-            outermost per trace, the settings' ``sample_ratio`` and ``rate_limit``).
+        selection: which spans to score (default: OpenInference CHAIN/AGENT/LLM, Vercel AI SDK,
+            Langfuse and GenAI spans, outermost per trace, the settings' ``sample_ratio`` and
+            ``rate_limit``). The settings' ``decision_wait`` and ``decision_max_traces`` size
+            the decision window (``decision_wait=0``: outermost within each request).
         queue_url: ``redis://host:port/db`` to queue on a Redis Stream for a fleet of
             :class:`FleetWorker`; None to score in this process.
         host, http_port, grpc_port: where to listen (0: a free port; None: protocol off).
@@ -169,6 +175,13 @@ class ScoringService:
         self._max_text_chars = max(s.max_question_chars, s.max_answer_chars, s.max_context_chars, s.max_content_chars) + 1
         self.join = ContentJoin(s.join_ttl, s.join_max_entries, 4 * s.max_request_bytes, on_expired=self._expired)
         self._join_expired = self.telemetry.meter_provider.get_meter("relevancy_tracer").create_counter("relevancy.service.join.expired", unit="{call}", description="Halves of GenAI calls (a span, or its content events) dropped before the other half arrived, by relevancy.join.reason")
+        self.window = DecisionWindow(s.decision_wait, s.decision_max_traces, 20 * s.decision_max_traces, 4 * s.max_request_bytes, max_documents=s.max_contexts, max_document_chars=s.max_context_chars, max_pending_hold=s.join_ttl / 2, on_outcome=self._decided) if s.decision_wait > 0 else None
+        meter = self.telemetry.meter_provider.get_meter("relevancy_tracer")
+        self._decisions = meter.create_counter("relevancy.service.decisions", unit="{span}", description="Candidate spans by what the decision window did with them, by relevancy.decision.outcome: root (a trace root, chosen at once), window (chosen when its trace's window ended), early (chosen early: a bound was reached), covered (nested in a chosen call), duplicate (a span id seen before: retry or duplicate), late (arrived after a call nested in it was scored: not scored), dropped (chosen early and refused by a full queue)")
+        self._skipped_counter = meter.create_counter("relevancy.service.skipped", unit="{span}", description="Spans that look like an LLM, chain or agent call but yield no question or answer, by relevancy.source and relevancy.reason")
+        self.skipped_spans: dict[tuple[str, str], int] = {}
+        self._skip_logged: dict[tuple[str, str], float] = {}
+        self._skip_lock = threading.Lock()
         self._sweeping = threading.Event()
         self._sweeper: Optional[threading.Thread] = None
         self.skipped: dict[str, int] = {}
@@ -197,8 +210,33 @@ class ScoringService:
         valid = [span for span in spans if span.ids_valid]
         rejected = len(spans) - len(valid)
         message = f"{rejected} span(s) rejected: a trace id must be 16 bytes and a span id 8, not all zeros" if rejected else ""
-        candidates, pending = self.selector.partition(valid)
-        return self._admit(candidates, pending, {}, Admission(True, rejected, message))
+        classified, skipped = self.selector.classify(valid)
+        if self.window is None:  # decide within this request
+            candidates, pending = self.selector.choose(valid, classified)
+            admission = self._admit(candidates, pending, {}, Admission(True, rejected, message))
+            if admission.accepted:  # a trace with a call scored: its other spans are not counted
+                scored = {c.span.trace_id for c in candidates + pending}
+                self._count_skipped([item for item in skipped if item.span.trace_id not in scored])
+            return admission
+        window = self.window
+        with window.lock:
+            plan = window.plan(valid, classified, skipped)
+            window.reserve(plan)
+        admission = Admission(False)
+        try:  # queued outside the window's lock: offers to the queue stay concurrent
+            ready = [c for c in plan.ready if self.selector.sampled(c)]
+            admission = self._admit([c for c in ready if c.convention != "genai-events"], [c for c in ready if c.convention == "genai-events"], {}, Admission(True, rejected, message))
+        finally:
+            with window.lock:
+                window.release(plan)
+                if admission.accepted:  # else nothing is remembered: the exporter re-sends the request
+                    lost = window.commit(plan)
+                    early, more = window.enforce()
+        if not admission.accepted:
+            return admission
+        self._queue_chosen(early, reopen=False)
+        self._count_skipped(lost + more)
+        return admission
 
     def accept_logs(self, request: Any) -> Admission:
         """Join the request's GenAI content events to their spans (``join.py``) and queue the
@@ -212,7 +250,7 @@ class ScoringService:
         and the completed calls, then hold the rest; under the join's lock, so a refusal
         changes nothing."""
         join = self.join
-        if not pending and not contents and all(c.convention == "openinference" for c in ready):
+        if not pending and not contents and all(c.convention not in ("genai", "genai-events") for c in ready):
             # nothing to join: admissions stay concurrent (no lock around the queue's offer)
             if ready and not self._offer(ready):
                 return Admission(False)
@@ -233,7 +271,7 @@ class ScoringService:
 
         with join.lock:
             for candidate in list(ready):  # GenAI content on the span: events held for it are moot
-                if candidate.convention != "openinference":
+                if candidate.convention == "genai":
                     finished.append((candidate.span.trace_id, candidate.span.span_id))
             for candidate in pending:
                 key = (candidate.span.trace_id, candidate.span.span_id)
@@ -279,16 +317,68 @@ class ScoringService:
             ok = self.jobs.submit_all([ServiceJob(self.scorer, r, s.evaluation_timeout, self.drain) for r in requests], admit_when_empty=True)
         return bool(ok)
 
+    def _queue_chosen(self, chosen: list[Candidate], reopen: bool = True) -> None:
+        """Queue candidates the decision window chose (outside its lock). Refused by a full
+        queue: held again for another window (``reopen``), else dropped and counted."""
+        chosen = [c for c in chosen if self.selector.sampled(c)]
+        if not chosen:
+            return
+        admission = self._admit([c for c in chosen if c.convention != "genai-events"], [c for c in chosen if c.convention == "genai-events"], {}, Admission(True))
+        if admission.accepted:
+            return
+        if reopen and self.window is not None:
+            with self.window.lock:
+                self.window.reopen(chosen)
+        else:
+            self._decided("dropped", len(chosen))
+            logger.warning("relevancy-tracer serve: %d chosen span(s) dropped: the queue is full and the decision window at its bound", len(chosen))
+
+    def decide(self, everything: bool = False) -> None:
+        """Queue the calls whose trace's decision window ended (every held call with
+        ``everything``: :meth:`flush` and :meth:`stop` do), and count their traces' skipped
+        spans."""
+        if self.window is None:
+            return
+        with self.window.lock:
+            chosen, skipped = self.window.due(everything)
+        self._queue_chosen(chosen, reopen=not everything)
+        self._count_skipped(skipped)
+
+    def _decided(self, outcome: str, count: int) -> None:
+        self._decisions.add(count, {"relevancy.decision.outcome": outcome})
+
+    def _count_skipped(self, skipped: list[Skipped]) -> None:
+        """Count spans that look like calls but yield nothing, by source and reason, with one
+        log line per (source, reason) a minute naming the attribute keys seen (never values:
+        they may be user text)."""
+        now = time.monotonic()
+        for item in skipped:
+            key = (item.source, item.reason)
+            with self._skip_lock:
+                self.skipped_spans[key] = self.skipped_spans.get(key, 0) + 1
+                log = now - self._skip_logged.get(key, -1e9) >= 60.0
+                if log:
+                    self._skip_logged[key] = now
+            self._skipped_counter.add(1, {"relevancy.source": item.source, "relevancy.reason": item.reason})
+            if log:
+                keys = sorted(str(k)[:80] for k in item.span.attributes)
+                logger.warning("relevancy-tracer serve: %s span %r yields no question or answer (%s); attribute keys: %s%s (further such spans are counted in relevancy.service.skipped, logged once a minute)", item.source, item.span.name[:80], item.reason, ", ".join(keys[:40]), f" and {len(keys) - 40} more" if len(keys) > 40 else "")
+
     def _expired(self, reason: str, count: int) -> None:
         self._join_expired.add(count, {"relevancy.join.reason": reason})
 
     def _sweep(self) -> None:
-        """Expire held halves while serving (every quarter of ``join_ttl``, at most 1 s)."""
-        while not self._sweeping.wait(min(1.0, self.settings.join_ttl / 4)):
+        """Expire held halves and decide the traces whose window ended, while serving (every
+        quarter of ``join_ttl`` and of ``decision_wait``, at most 1 s)."""
+        while not self._sweeping.wait(min(1.0, self.settings.join_ttl / 4, self.settings.decision_wait / 4 or 1.0)):
             try:
                 self.join.expire()
             except Exception:
                 logger.warning("relevancy-tracer: expiring held GenAI calls failed", exc_info=True)
+            try:
+                self.decide()
+            except Exception:
+                logger.warning("relevancy-tracer: deciding held traces failed", exc_info=True)
 
     def _retry_after(self) -> int:
         try:
@@ -302,8 +392,10 @@ class ScoringService:
         self.telemetry.refused.add(1, {"rpc.system": "grpc" if protocol == "grpc" else "http", "error.type": reason})
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """In process: wait until every queued evaluation was written, then export."""
+        """Decide every trace held in the decision window, then (in process) wait until every
+        queued evaluation was written, then export."""
         deadline = time.monotonic() + timeout
+        self.decide(everything=True)  # every call received so far: its trace is decided now
         ok = self.jobs.flush(timeout) if self.jobs is not None else True
         return self.telemetry.force_flush(max(0.0, deadline - time.monotonic())) and ok
 
@@ -312,6 +404,10 @@ class ScoringService:
         deadline = time.monotonic() + timeout
         self.server.stop(grace=min(2.0, timeout))
         self._sweeping.set()
+        try:
+            self.decide(everything=True)  # held calls are queued, not lost
+        except Exception:
+            logger.warning("relevancy-tracer: deciding held traces at stop failed", exc_info=True)
         ok = True
         if self.jobs is not None:
             ok = self.jobs.shutdown(max(0.0, deadline - time.monotonic()))

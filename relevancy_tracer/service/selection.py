@@ -1,32 +1,46 @@
 """Which received spans to score, and their question, answer and contexts.
 
 A span is a candidate when it carries a question and an answer in one of the conventions apps
-are instrumented with:
+are instrumented with, each read by its own rules (the question is the user's last turn, never
+a system, tool or assistant message, a model name or a template; the answer is the reply text):
 
-* **OpenInference** (Phoenix, OpenInference instrumentations of LangChain, LlamaIndex, ...):
-  ``input.value`` / ``output.value``; when ``input.mime_type`` / ``output.mime_type`` is JSON,
-  the question is the string field named question | query | input | user_input | prompt (or the
-  only string field), the answer the field named answer | output | result | response | text.
+* **OpenInference** (Phoenix; the OpenInference instrumentations of OpenAI, LangChain,
+  LlamaIndex, ...; ``@arizeai/openinference-vercel``): ``llm.input_messages.<i>.message.role`` /
+  ``.content`` / ``.contents.<j>.message_content.text`` (the last user message) and
+  ``llm.output_messages.<i>...`` (the assistant's text); else ``input.value`` / ``output.value``:
+  plain text, or JSON of a known shape (:func:`question_of`, :func:`answer_of`: an OpenAI chat
+  request and response, ``{"system", "messages"}``, a chain's ``{"question": ...}`` inputs...).
+* **Vercel AI SDK** ``experimental_telemetry`` (``ai.generateText`` / ``ai.streamText`` and their
+  ``.doGenerate`` / ``.doStream`` calls): ``ai.prompt`` / ``ai.prompt.messages`` and
+  ``ai.response.text``.
+* **Langfuse** (its SDK's OpenTelemetry export): ``langfuse.observation.input`` / ``.output``.
 * **GenAI semantic conventions**: ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (JSON
   ``[{"role": "user", "parts": [{"type": "text", "content": "..."}]}]``): the question is the last
   user message's text parts, the answer the assistant messages' text parts; and the older
   ``gen_ai.prompt`` / ``gen_ai.completion`` (a string, JSON messages, or OpenLLMetry's indexed
   ``gen_ai.prompt.<i>.role`` / ``.content``).
 
-A GenAI inference span (``gen_ai.operation.name`` chat, text_completion or generate_content)
-without content on it is *pending*: OpenTelemetry's own GenAI instrumentations send its
-messages as log events, which ``join.py`` joins to it (:meth:`SpanSelector.partition`).
+A JSON value of no known shape yields nothing (reason ``unknown_json``): nothing is guessed. A
+span that looks like a call (an OpenInference kind, a Vercel AI SDK generation, a Langfuse
+generation, agent or chain) but yields no question or answer is :class:`Skipped` with its
+source and reason, for the service to count. Each attribute value is parsed at most once and
+walked along known keys only: the CPU cost is linear in the span's size whatever its nesting.
+
+A GenAI inference span (``gen_ai.operation.name`` chat, text_completion or generate_content;
+OpenLLMetry's ``llm.request.type`` chat or completion without ``gen_ai.operation.name``) without
+content on it is *pending*: its messages come as log events, which ``join.py`` joins to it.
 
 Filters (all configurable): OpenInference span kinds (default CHAIN, AGENT and LLM; spans
-without a kind qualify through the GenAI attributes), span-name glob patterns, required
-attribute values, and by default only the outermost candidate of each trace in the batch (a
-LangChain request produces many nested CHAIN spans; the root one holds the user's question and
-the final answer). Spans this package wrote (EVALUATOR spans, spans already carrying
-``relevancy.status``) are never candidates. Then the decorator's samplers: the trace-id ratio
-(every service of a trace decides alike) and the rate limit.
+without a kind qualify through the other conventions), span-name glob patterns, required
+attribute values, and by default only the outermost candidate of each trace (a LangChain request
+produces many nested CHAIN spans; the root one holds the user's question and the final answer):
+within one batch here (:meth:`SpanSelector.partition`), across export requests in the service's
+decision window (``decision.py``). Spans this package wrote (EVALUATOR spans, spans already
+carrying ``relevancy.status``) are never candidates. Then the decorator's samplers: the
+trace-id ratio (every service of a trace decides alike) and the rate limit.
 
 Contexts come from ``retrieval.documents.<i>.document.content`` on the span, else on RETRIEVER
-spans of the same trace in the batch.
+spans of the same trace.
 """
 
 from __future__ import annotations
@@ -41,12 +55,38 @@ from ..otel import attributes as A
 from ..tracing.sampling import RateLimitSampler, TraceIdRatioSampler
 from .otlp import ReceivedSpan
 
-QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q")
+QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q", "message", "query_str")
 ANSWER_FIELDS = ("answer", "output", "result", "response", "text", "content", "output_text")
 _DOCUMENT = re.compile(r"^retrieval\.documents\.(\d+)\.document\.content$")
 _INDEXED = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(role|content)$")
+_OI_MESSAGE = re.compile(r"(\d+)\.(message\..+)$")
+_OI_PART = re.compile(r"(\d+)\.message_content\.(type|text)$")
 #: ``gen_ai.operation.name`` values of inference calls whose content may come as log events.
 INFERENCE_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+#: OpenLLMetry's ``llm.request.type`` of inference calls (its events mode sends the content as
+#: log events, and older versions set no ``gen_ai.operation.name``).
+LLM_REQUEST_TYPES = frozenset({"chat", "completion"})
+LANGFUSE_INPUT = "langfuse.observation.input"
+LANGFUSE_OUTPUT = "langfuse.observation.output"
+LANGFUSE_TYPE = "langfuse.observation.type"
+#: Langfuse observation types that are calls (a span without input and output is not one).
+LANGFUSE_CALLS = frozenset({"generation", "agent", "chain"})
+
+#: Conventions a span is read by (``relevancy.source`` of the skipped counter).
+SOURCES = ("openinference", "vercel_ai", "langfuse", "genai")
+# skip reasons (``relevancy.reason`` of ``relevancy.service.skipped``)
+UNKNOWN_JSON = "unknown_json"  # a JSON value with no field this module knows
+INVALID_JSON = "invalid_json"  # declared JSON (mime type), not parseable
+TOO_DEEP = "too_deep"  # nested past the JSON parser's limit
+PYTHON_REPR = "python_repr"  # a Python object's repr (a prompt template, a message list), not text
+NO_INPUT = "no_input"  # no input.value, llm.input_messages
+NO_QUESTION = "no_question"
+NO_USER_MESSAGE = "no_user_message"  # chat messages without a user turn
+NO_ANSWER = "no_answer"
+TOOL_CALL = "tool_call"  # the reply only calls tools
+SKIP_REASONS = (UNKNOWN_JSON, INVALID_JSON, TOO_DEEP, PYTHON_REPR, NO_INPUT, NO_QUESTION, NO_USER_MESSAGE, NO_ANSWER, TOOL_CALL)
+# verdicts of SpanSelector.read
+CANDIDATE, PENDING, SKIPPED, IGNORED = "candidate", "pending", "skipped", "ignored"
 
 
 @dataclass(frozen=True)
@@ -84,63 +124,320 @@ class Candidate:
     convention: str = "openinference"
 
 
-def _json_field(text: str, fields: Sequence[str]) -> Optional[str]:
+class Unreadable(Exception):
+    """A value that holds no question or answer in any form this module knows; ``reason`` is
+    the counted skip reason (:data:`UNKNOWN_JSON`, :data:`INVALID_JSON`, :data:`NO_USER_MESSAGE`,
+    :data:`TOOL_CALL`, ...)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _parse(text: str, declared_json: bool) -> Any:
+    """``text`` parsed as JSON once (C parser: linear in its length); a text that is not JSON
+    is itself unless its mime type declared JSON. Nesting past the parser's recursion limit
+    is :data:`TOO_DEEP`."""
     try:
-        value = json.loads(text)
-    except RecursionError:  # nested too deeply to be a question or an answer
-        return None
+        return json.loads(text)
+    except RecursionError:
+        raise Unreadable(TOO_DEEP) from None
     except ValueError:
+        if declared_json:
+            raise Unreadable(PYTHON_REPR if _PYTHON_REPR.match(text) else INVALID_JSON) from None
         return text
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        for name in fields:
-            if isinstance(value.get(name), str) and value[name].strip():
-                return value[name]
-        strings = [v for v in value.values() if isinstance(v, str) and v.strip()]
-        if len(strings) == 1:
-            return strings[0]
-        # LangChain-style {"messages": [...]} or {"input": {...}}
-        for nested in value.values():
-            if isinstance(nested, (dict, list)):
-                found = _json_field(json.dumps(nested), fields)
-                if found and found != json.dumps(nested):
-                    return found
-        return None
-    if isinstance(value, list):
-        messages = _message_texts(value)
-        if messages:
-            return messages[-1][1]
+
+
+_JSON_START = re.compile(r"\s*[\[{]")
+#: The repr of a Python object that instrumentations put where JSON failed: a dict or list repr
+#: (``{'template': ...``), or a class's (``PromptTemplate(...)``, ``ChatMessage(role=...``).
+_PYTHON_REPR = re.compile(r"\s*(?:[\[{]\s*'|[A-Z][A-Za-z]*(?:Template|Message|Bundle|Node|Prompt)\w*\()")
+
+
+def _looks_json(text: str) -> bool:
+    return _JSON_START.match(text) is not None
+
+
+def _role(message: dict) -> str:
+    """A chat message's role: OpenAI / GenAI ``role``, LangChain's ``type`` (human, ai) or its
+    serialised ``kwargs.type`` / class name; normalised to user | assistant | system | tool."""
+    role = message.get("role") or message.get("type")
+    kwargs = message.get("kwargs") if isinstance(message.get("kwargs"), dict) else None
+    if (not isinstance(role, str) or role == "constructor") and kwargs is not None:
+        role = kwargs.get("type") or kwargs.get("role")
+        ids = message.get("id")
+        if not isinstance(role, str) and isinstance(ids, list) and ids and isinstance(ids[-1], str):
+            role = ids[-1].replace("MessageChunk", "").replace("Message", "").lower()
+    role = str(role or "").lower()
+    return {"human": "user", "ai": "assistant", "developer": "system", "function": "tool"}.get(role, role)
+
+
+def _content_text(content: Any) -> Optional[str]:
+    """Text of a message's content: a string, or the text parts of a list of parts (OpenAI
+    ``{"type": "text", "text"}``, GenAI ``{"type": "text", "content"}``, Responses API
+    ``output_text``); None when there is no text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") in ("text", "input_text", "output_text"):
+                text = part.get("text", part.get("content"))
+                if isinstance(text, str):
+                    texts.append(text)
+        return "".join(texts) if texts else None
     return None
 
 
-def _parts_text(parts: Any) -> str:
-    if isinstance(parts, str):
-        return parts
-    texts = []
-    for part in parts or []:
-        if isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("content"), str):
-            texts.append(part["content"])
-        elif isinstance(part, dict) and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-    return "".join(texts)
+def _message(message: Any) -> Optional[tuple[str, Optional[str], bool]]:
+    """(role, text, calls a tool) of one chat message in any of the forms above, or None when
+    ``message`` is not a message (no role and no content)."""
+    if not isinstance(message, dict):
+        return None
+    role = _role(message)
+    body = message.get("kwargs") if isinstance(message.get("kwargs"), dict) and "content" not in message else message
+    if "parts" in body:
+        text = _content_text(body.get("parts"))
+    else:
+        text = _content_text(body.get("content"))
+    if not role and "content" not in body and "parts" not in body:
+        return None
+    tool = bool(body.get("tool_calls")) or (isinstance(body.get("parts"), list) and any(isinstance(p, dict) and p.get("type") == "tool_call" for p in body["parts"]))
+    return role, text, tool
 
 
-def _message_texts(messages: Any) -> list[tuple[str, str]]:
-    """(role, text) of GenAI / OpenAI-style chat messages."""
-    out = []
-    for message in messages if isinstance(messages, list) else []:
-        if not isinstance(message, dict):
+def _messages(value: Any) -> Optional[list[tuple[str, Optional[str], bool]]]:
+    """The messages of a chat message list (LangChain's batched ``[[...]]``: the last batch);
+    None when ``value`` is not a non-empty list of messages."""
+    if isinstance(value, list) and value and isinstance(value[-1], list):
+        value = value[-1]
+    if not isinstance(value, list) or not value:
+        return None
+    out = [m for m in (_message(item) for item in value) if m is not None]
+    return out if len(out) == len(value) else None
+
+
+def last_user_text(messages: list[tuple[str, Optional[str], bool]]) -> str:
+    """The last user message's text (the user's turn; system, tool and assistant messages never
+    are). Raises Unreadable(no_user_message)."""
+    for role, text, _ in reversed(messages):
+        if role == "user" and text and text.strip():
+            return text
+    raise Unreadable(NO_USER_MESSAGE)
+
+
+def assistant_text(messages: list[tuple[str, Optional[str], bool]]) -> str:
+    """The assistant's reply text (every assistant or role-less message's text, joined).
+    Raises Unreadable(tool_call) when it only calls tools, Unreadable(no_answer) otherwise."""
+    texts = [text for role, text, _ in messages if role in ("assistant", "") and text and text.strip()]
+    if texts:
+        return "".join(texts)
+    raise Unreadable(TOOL_CALL if any(tool for _, _, tool in messages) else NO_ANSWER)
+
+
+def question_of(value: Any, depth: int = 0) -> str:
+    """The user's question in a parsed input value, by known shape only:
+
+    * a string: itself, unless it is a Python object's repr (a prompt template, ``{'...``:
+      what an instrumentation records when the value is not JSON): Unreadable(python_repr);
+    * a list of chat messages: the last user message (never a system, tool or assistant one);
+    * an object: the string field named question | query | input | user_input | prompt | q |
+      message (LlamaIndex's chat engines) | query_str;
+      ``messages`` (an OpenAI chat request, the Vercel AI SDK's ``{"system", "messages"}``,
+      LangChain's chat model input): the last user message; ``prompt`` as a message list;
+      ``input`` / ``inputs`` / ``kwargs`` (LangChain chains, Langfuse's ``@observe`` inputs)
+      one level down; Langfuse's ``{"args": [one argument]}`` (a string or chat messages).
+
+    Anything else raises Unreadable(unknown_json): nothing is guessed from "the only string
+    field" (the system prompt and model names are strings too). Walks at most 4 levels of
+    known keys: the cost is linear in the value's size.
+    """
+    if isinstance(value, str):
+        if _PYTHON_REPR.match(value):
+            raise Unreadable(PYTHON_REPR)
+        if value.strip():
+            return value
+        raise Unreadable(NO_QUESTION)
+    messages = _messages(value)
+    if messages is not None:
+        return last_user_text(messages)
+    if isinstance(value, dict) and depth < 4:
+        for name in QUESTION_FIELDS:
+            field_value = value.get(name)
+            if isinstance(field_value, str) and field_value.strip():
+                return question_of(field_value, depth + 1)  # a repr is refused there
+        for name in ("messages", "prompt"):
+            messages = _messages(value.get(name))
+            if messages is not None:
+                return last_user_text(messages)
+        for name in ("input", "inputs", "kwargs"):
+            if isinstance(value.get(name), (dict, list)):
+                try:
+                    return question_of(value[name], depth + 1)
+                except Unreadable as exc:
+                    if exc.reason != UNKNOWN_JSON:
+                        raise
+        args = value.get("args")
+        if isinstance(args, list) and len(args) == 1 and not value.get("kwargs") and isinstance(args[0], (str, list)):
+            return question_of(args[0], depth + 1)  # a function of one argument: a question or messages
+    raise Unreadable(UNKNOWN_JSON)
+
+
+def answer_of(value: Any, depth: int = 0) -> str:
+    """The reply text in a parsed output value, by known shape only:
+
+    * a string: itself;
+    * an OpenAI chat completion (``choices[0].message.content``; ``choices[0].text`` for text
+      completions), a Responses API response (``output_text``, or the ``output_text`` parts
+      of its ``output`` messages), LangChain's ``generations[0][0]``;
+    * a chat message or a list of them (the assistant's text); ``messages`` (LangGraph's
+      state): the last assistant message;
+    * an object with a string field named answer | output | result | response | text |
+      content | output_text; ``output`` / ``result`` / ``message`` one level down.
+
+    Anything else raises Unreadable(unknown_json); a reply that only calls tools
+    Unreadable(tool_call). Linear in the value's size.
+    """
+    if isinstance(value, str):
+        if value.strip():
+            return value
+        raise Unreadable(NO_ANSWER)
+    messages = _messages(value)
+    if messages is not None:
+        return assistant_text(messages)
+    if isinstance(value, dict) and depth < 4:
+        choices = value.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            first = choices[0]
+            if isinstance(first.get("message"), dict):
+                return assistant_text([_message({"role": "assistant", **first["message"]}) or ("assistant", None, False)])
+            if isinstance(first.get("text"), str) and first["text"].strip():
+                return first["text"]
+            raise Unreadable(NO_ANSWER)
+        if isinstance(value.get("output"), list):
+            texts = [text for item in value["output"] if isinstance(item, dict) and item.get("type", "message") == "message" for text in [_content_text(item.get("content"))] if text]
+            if texts:
+                return "".join(texts)
+        generations = value.get("generations")
+        if isinstance(generations, list) and generations:
+            first = generations[0][0] if isinstance(generations[0], list) and generations[0] else generations[0]
+            if isinstance(first, dict) and isinstance(first.get("text"), str) and first["text"].strip():
+                return first["text"]
+        if "role" in value and ("content" in value or "parts" in value):
+            found = _message(value)
+            if found is not None:
+                return assistant_text([found])
+        for name in ANSWER_FIELDS:
+            field_value = value.get(name)
+            if isinstance(field_value, str) and field_value.strip():
+                return field_value
+        messages = _messages(value.get("messages"))
+        if messages is not None:
+            for role, text, _ in reversed(messages):
+                if role == "assistant" and text and text.strip():
+                    return text
+            raise Unreadable(NO_ANSWER)
+        for name in ("output", "result", "message", "outputs"):
+            if isinstance(value.get(name), (dict, list)):
+                try:
+                    return answer_of(value[name], depth + 1)
+                except Unreadable as exc:
+                    if exc.reason != UNKNOWN_JSON:
+                        raise
+    raise Unreadable(UNKNOWN_JSON)
+
+
+def _value(attributes: dict[str, Any], key: str, mime_key: Optional[str] = None, serialised: bool = False) -> Any:
+    """An attribute as a Python value: strings holding JSON parsed (when the mime type says
+    JSON, the text starts like JSON, or the source always serialises its values as JSON:
+    ``serialised``, as Langfuse does), others as they are. Raises Unreadable when absent."""
+    raw = attributes.get(key)
+    if raw is None:
+        raise Unreadable(NO_QUESTION if "input" in key or "prompt" in key else NO_ANSWER)
+    if not isinstance(raw, str):
+        return raw
+    declared = "json" in str(attributes.get(mime_key, "")) if mime_key else False
+    return _parse(raw, declared) if declared or serialised or _looks_json(raw) else raw
+
+
+def _indexed_messages(attributes: dict[str, Any]) -> dict[str, list[tuple[str, Optional[str], bool]]]:
+    """OpenInference's flattened messages ``llm.input_messages.<i>.message.role`` / ``.content``
+    / ``.contents.<j>.message_content.type|text`` / ``.tool_calls.<k>...`` (and the same under
+    ``llm.output_messages``), in index order, by prefix; one pass over the attributes."""
+    found: dict[str, dict[int, dict[str, Any]]] = {}
+    for key, value in attributes.items():
+        if not key.startswith("llm."):
             continue
-        role = str(message.get("role") or "")
-        if "parts" in message:
-            text = _parts_text(message.get("parts"))
+        if key.startswith("llm.input_messages."):
+            prefix = "llm.input_messages"
+        elif key.startswith("llm.output_messages."):
+            prefix = "llm.output_messages"
         else:
-            content = message.get("content")
-            text = content if isinstance(content, str) else _parts_text(content)
-        if text.strip():
-            out.append((role, text))
+            continue
+        match = _OI_MESSAGE.match(key, len(prefix) + 1)
+        if match is None:
+            continue
+        entry = found.setdefault(prefix, {}).setdefault(int(match.group(1)), {"parts": {}})
+        field_name = match.group(2)
+        if field_name == "message.role":
+            entry["role"] = value
+        elif field_name == "message.content":
+            entry["content"] = value
+        elif field_name.startswith("message.contents."):
+            part = _OI_PART.match(field_name, len("message.contents."))
+            if part is not None:
+                entry["parts"].setdefault(int(part.group(1)), {})[part.group(2)] = value
+        elif field_name.startswith("message.tool_calls."):
+            entry["tool"] = True
+    out = {}
+    for prefix, entries in found.items():
+        messages = []
+        for _, entry in sorted(entries.items()):
+            text = entry.get("content") if isinstance(entry.get("content"), str) else None
+            if text is None and entry["parts"]:
+                text = "".join(p["text"] for _, p in sorted(entry["parts"].items()) if p.get("type", "text") == "text" and isinstance(p.get("text"), str)) or None
+            role = str(entry.get("role") or "").lower()
+            messages.append(({"human": "user", "ai": "assistant"}.get(role, role), text, bool(entry.get("tool"))))
+        out[prefix] = messages
     return out
+
+
+def openinference_texts(attributes: dict[str, Any]) -> tuple[str, str]:
+    """(question, answer) of an OpenInference span: ``llm.input_messages`` (the last user
+    message) else ``input.value``; ``llm.output_messages`` (the assistant's text) else
+    ``output.value`` (an OpenAI request / response JSON, a chain's inputs / outputs, or
+    plain text; see :func:`question_of`, :func:`answer_of`). Raises Unreadable."""
+    indexed = _indexed_messages(attributes)
+    messages, outputs = indexed.get("llm.input_messages"), indexed.get("llm.output_messages")
+    question = last_user_text(messages) if messages is not None else question_of(_value(attributes, A.INPUT_VALUE, "input.mime_type"))
+    answer = assistant_text(outputs) if outputs is not None else answer_of(_value(attributes, A.OUTPUT_VALUE, "output.mime_type"))
+    return question, answer
+
+
+def vercel_texts(attributes: dict[str, Any]) -> tuple[str, str]:
+    """(question, answer) of a Vercel AI SDK span (``experimental_telemetry``):
+    ``ai.prompt.messages`` (provider-level ``doGenerate`` / ``doStream`` spans) or ``ai.prompt``
+    (``{"system", "prompt" | "messages"}`` on ``ai.generateText`` / ``ai.streamText``): the
+    last user message or the prompt string, never ``system``; the answer ``ai.response.text``.
+    Raises Unreadable."""
+    if "ai.prompt.messages" in attributes:
+        question = question_of(_value(attributes, "ai.prompt.messages"))
+    else:
+        prompt = _value(attributes, "ai.prompt")
+        question = question_of(prompt if not isinstance(prompt, dict) else {k: v for k, v in prompt.items() if k != "system"})
+    text = attributes.get("ai.response.text")
+    if not isinstance(text, str) or not text.strip():
+        raise Unreadable(TOOL_CALL if attributes.get("ai.response.toolCalls") else NO_ANSWER)
+    return question, text
+
+
+def langfuse_texts(attributes: dict[str, Any]) -> tuple[str, str]:
+    """(question, answer) of a span exported by the Langfuse SDK: ``langfuse.observation.input``
+    / ``.output`` (JSON: a generation's chat messages and reply message, or an ``@observe``
+    function's ``{"args", "kwargs"}`` and return value). Raises Unreadable."""
+    return question_of(_value(attributes, LANGFUSE_INPUT, serialised=True)), answer_of(_value(attributes, LANGFUSE_OUTPUT, serialised=True))
 
 
 def _load(value: Any) -> Any:
@@ -152,6 +449,18 @@ def _load(value: Any) -> Any:
         except ValueError:
             return value
     return value
+
+
+def _parts_text(parts: Any) -> str:
+    if isinstance(parts, str):
+        return parts
+    return _content_text(parts if isinstance(parts, list) else []) or ""
+
+
+def _message_texts(messages: Any) -> list[tuple[str, str]]:
+    """(role, text) of GenAI / OpenAI-style chat messages with text."""
+    found = [m for m in (_message(item) for item in messages) if m is not None] if isinstance(messages, list) else []
+    return [(role, text) for role, text, _ in found if text and text.strip()]
 
 
 def genai_texts(attributes: dict[str, Any]) -> Optional[tuple[str, str]]:
@@ -188,18 +497,6 @@ def genai_texts(attributes: dict[str, Any]) -> Optional[tuple[str, str]]:
     return None
 
 
-def openinference_texts(attributes: dict[str, Any]) -> Optional[tuple[str, str]]:
-    """(question, answer) from OpenInference ``input.value`` / ``output.value``, or None."""
-    raw_in, raw_out = attributes.get(A.INPUT_VALUE), attributes.get(A.OUTPUT_VALUE)
-    if not isinstance(raw_in, str) or not isinstance(raw_out, str):
-        return None
-    question = _json_field(raw_in, QUESTION_FIELDS) if "json" in str(attributes.get("input.mime_type", "")) or raw_in.lstrip().startswith(("{", "[")) else raw_in
-    answer = _json_field(raw_out, ANSWER_FIELDS) if "json" in str(attributes.get("output.mime_type", "")) or raw_out.lstrip().startswith(("{", "[")) else raw_out
-    if isinstance(question, str) and question.strip() and isinstance(answer, str) and answer.strip():
-        return question, answer
-    return None
-
-
 def span_documents(attributes: dict[str, Any]) -> list[str]:
     """``retrieval.documents.<i>.document.content`` values in index order."""
     found = []
@@ -208,6 +505,20 @@ def span_documents(attributes: dict[str, Any]) -> list[str]:
         if match and isinstance(value, str):
             found.append((int(match.group(1)), value))
     return [text for _, text in sorted(found)]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A span that looks like an LLM, chain or agent call but yields no question or answer.
+
+    Attributes:
+        span: the span. source: the convention it was read by (:data:`SOURCES`).
+        reason: why (:data:`SKIP_REASONS`).
+    """
+
+    span: ReceivedSpan
+    source: str
+    reason: str
 
 
 class SpanSelector:
@@ -235,29 +546,89 @@ class SpanSelector:
 
     def awaits_content(self, span: ReceivedSpan) -> bool:
         """Whether ``span`` is a GenAI inference call (``gen_ai.operation.name`` chat,
-        text_completion or generate_content) passing the static filters whose question and
-        answer are not on the span: its content may come as log events (``join.py``)."""
-        return self._inference(span) and self.texts(span) is None
+        text_completion or generate_content; OpenLLMetry's ``llm.request.type`` chat or
+        completion) passing the static filters whose question and answer are not on the span:
+        its content may come as log events (``join.py``)."""
+        return self.read(span)[0] == PENDING
 
     def _inference(self, span: ReceivedSpan) -> bool:
-        return str(span.attributes.get("gen_ai.operation.name") or "") in INFERENCE_OPERATIONS and self.passes(span)
+        attrs = span.attributes
+        return (str(attrs.get("gen_ai.operation.name") or "") in INFERENCE_OPERATIONS or (str(attrs.get("llm.request.type") or "") in LLM_REQUEST_TYPES and "gen_ai.operation.name" not in attrs)) and self.passes(span)
 
-    def texts(self, span: ReceivedSpan) -> Optional[tuple[str, str, str]]:
-        """(question, answer, convention) when ``span`` passes the static filters."""
+    def read(self, span: ReceivedSpan) -> tuple[str, Any]:
+        """How ``span`` reads: (:data:`CANDIDATE`, (question, answer, convention)),
+        (:data:`PENDING`, None) for a GenAI inference call whose content may come as log
+        events, (:data:`SKIPPED`, (source, reason)) for a span that looks like an LLM, chain or
+        agent call (an OpenInference kind, a Vercel AI SDK ``ai.generateText`` / ``ai.streamText``
+        call, a Langfuse generation, agent or chain) but yields no question or answer, or
+        (:data:`IGNORED`, None). Each value is parsed once; the cost is linear in the span's
+        attribute sizes, whatever their nesting."""
         attrs = span.attributes
         if not self.passes(span):
-            return None
-        kind = attrs.get(A.OPENINFERENCE_SPAN_KIND)
+            return IGNORED, None
+        source = None
+        reason = UNKNOWN_JSON
         try:
-            found = openinference_texts(attrs) if kind is not None else None
-            if found is not None:
-                return found[0], found[1], "openinference"
+            if attrs.get(A.OPENINFERENCE_SPAN_KIND) is not None:
+                source = "openinference"
+                if A.INPUT_VALUE in attrs or A.OUTPUT_VALUE in attrs or any(k.startswith("llm.input_messages.") for k in attrs):
+                    try:
+                        question, answer = openinference_texts(attrs)
+                        return CANDIDATE, (question, answer, "openinference")
+                    except Unreadable as exc:
+                        reason = exc.reason
+                else:
+                    reason = NO_INPUT
+            elif _vercel_call(span):
+                source = "vercel_ai"
+                question, answer = vercel_texts(attrs)
+                return CANDIDATE, (question, answer, "vercel_ai")
+            elif LANGFUSE_INPUT in attrs or LANGFUSE_OUTPUT in attrs or str(attrs.get(LANGFUSE_TYPE) or "") in LANGFUSE_CALLS:
+                source = "langfuse"
+                question, answer = langfuse_texts(attrs)
+                return CANDIDATE, (question, answer, "langfuse")
+        except Unreadable as exc:
+            reason = exc.reason
+        except RecursionError:  # nested too deeply to hold a question or an answer
+            reason = TOO_DEEP
+        try:
             found = genai_texts(attrs)
-        except RecursionError:  # JSON nested too deeply to hold a question or an answer
-            return None
+        except RecursionError:
+            found = None
         if found is not None:
-            return found[0], found[1], "genai"
-        return None
+            return CANDIDATE, (found[0], found[1], "genai")
+        if self._inference(span):
+            return PENDING, None
+        if source is not None:
+            return SKIPPED, (source, reason)
+        return IGNORED, None
+
+    def texts(self, span: ReceivedSpan) -> Optional[tuple[str, str, str]]:
+        """(question, answer, convention) when ``span`` passes the static filters and holds
+        them; else None."""
+        verdict, value = self.read(span)
+        return value if verdict == CANDIDATE else None
+
+    def classify(self, spans: Sequence[ReceivedSpan]) -> tuple[list[Candidate], list[Skipped]]:
+        """Every span of ``spans`` read once: the candidates (GenAI inference calls awaiting
+        their content events included, convention ``genai-events`` with empty texts), and the
+        spans that look like calls but yield nothing. No outermost choice, no sampling."""
+        candidates, skipped = [], []
+        for span in spans:
+            verdict, value = self.read(span)
+            if verdict == CANDIDATE:
+                candidates.append(Candidate(span, value[0], value[1], None, value[2]))
+            elif verdict == PENDING:
+                candidates.append(Candidate(span, "", "", None, "genai-events"))
+            elif verdict == SKIPPED:
+                skipped.append(Skipped(span, value[0], value[1]))
+        return candidates, skipped
+
+    def sampled(self, candidate: Candidate) -> bool:
+        """The decorator's samplers: the trace-id ratio, then the rate limit (consumes a token)."""
+        if not self._ratio.sample_trace_id(_trace_number(candidate.span.trace_id)):
+            return False
+        return self._rate is None or self._rate.should_sample(None)  # type: ignore[arg-type]
 
     def select(self, spans: Sequence[ReceivedSpan]) -> list[Candidate]:
         """The candidates of one batch, filtered, outermost first, then sampled.
@@ -270,31 +641,29 @@ class SpanSelector:
         """(candidates, pending) of one batch: pending are GenAI inference spans whose content
         may come as log events (:meth:`awaits_content`; question and answer empty, convention
         ``genai-events``), filtered, outermost and sampled alike with the candidates."""
+        candidates, _ = self.classify(spans)
+        return self.choose(spans, candidates)
+
+    def choose(self, spans: Sequence[ReceivedSpan], candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
+        """(candidates, pending) among ``candidates`` of the batch ``spans``: outermost per
+        trace (when :attr:`Selection.outermost_only`), sampled, with their contexts."""
         sel = self.selection
         by_trace: dict[str, dict[str, ReceivedSpan]] = {}
         for span in spans:
             by_trace.setdefault(span.trace_id, {})[span.span_id] = span
-        candidates = []
-        for span in spans:
-            texts = self.texts(span)
-            if texts is not None:
-                candidates.append(Candidate(span, texts[0], texts[1], None, texts[2]))
-            elif self._inference(span):  # texts() found no content on it
-                candidates.append(Candidate(span, "", "", None, "genai-events"))
         if sel.outermost_only and candidates:
             chosen: dict[str, set[str]] = {}
             for candidate in candidates:
                 chosen.setdefault(candidate.span.trace_id, set()).add(candidate.span.span_id)
             covered: dict[str, dict[str, bool]] = {}
-            candidates = [c for c in candidates if not _covered(c.span.parent_span_id, by_trace[c.span.trace_id], chosen[c.span.trace_id], covered.setdefault(c.span.trace_id, {}))]
+            parents = {trace_id: {span_id: span.parent_span_id for span_id, span in trace.items()} for trace_id, trace in by_trace.items()}
+            candidates = [c for c in candidates if not _covered(c.span.parent_span_id, parents.get(c.span.trace_id, {}), chosen[c.span.trace_id], covered.setdefault(c.span.trace_id, {}))]
         out = []
         retrieved: dict[str, list[str]] = {}
         for candidate in candidates:
-            if not self._ratio.sample_trace_id(_trace_number(candidate.span.trace_id)):
+            if not self.sampled(candidate):
                 continue
-            if self._rate is not None and not self._rate.should_sample(None):  # type: ignore[arg-type]
-                continue
-            candidate.contexts = self._contexts(candidate.span, by_trace[candidate.span.trace_id].values(), retrieved)
+            candidate.contexts = self._contexts(candidate.span, by_trace.get(candidate.span.trace_id, {}).values(), retrieved)
             out.append(candidate)
         return [c for c in out if c.convention != "genai-events"], [c for c in out if c.convention == "genai-events"]
 
@@ -309,6 +678,13 @@ class SpanSelector:
         return cap_contexts(documents, self.selection.max_contexts, self.selection.max_context_chars) if documents else None
 
 
+def _vercel_call(span: ReceivedSpan) -> bool:
+    """A Vercel AI SDK text generation span: ``ai.generateText`` / ``ai.streamText`` or their
+    provider calls ``.doGenerate`` / ``.doStream`` (``ai.operationId``, else the span name)."""
+    operation = span.attributes.get("ai.operationId") or span.name
+    return isinstance(operation, str) and operation.split(".")[:2] in (["ai", "generateText"], ["ai", "streamText"])
+
+
 def _trace_number(trace_id: str) -> int:
     try:
         return int(trace_id, 16)
@@ -316,10 +692,10 @@ def _trace_number(trace_id: str) -> int:
         return 0
 
 
-def _covered(span_id: str, spans: dict[str, ReceivedSpan], chosen: set[str], memo: dict[str, bool]) -> bool:
-    """Whether ``span_id`` or one of its ancestors in ``spans`` is in ``chosen``; every span on
-    the walked path is memoised, so all the walks of a batch take linear time together. A
-    parent cycle (malformed input) ends the walk as not covered."""
+def _covered(span_id: str, parents: dict[str, str], chosen: set[str], memo: dict[str, bool]) -> bool:
+    """Whether ``span_id`` or one of its ancestors in ``parents`` (span id -> parent id) is in
+    ``chosen``; every span on the walked path is memoised, so all the walks of a batch take
+    linear time together. A parent cycle (malformed input) ends the walk as not covered."""
     path = []
     on_path = set()
     node = span_id
@@ -331,11 +707,11 @@ def _covered(span_id: str, spans: dict[str, ReceivedSpan], chosen: set[str], mem
         if node in chosen:
             result = True
             break
-        if node in on_path or node not in spans:
+        if node in on_path or node not in parents:
             break
         on_path.add(node)
         path.append(node)
-        node = spans[node].parent_span_id
+        node = parents[node]
     for visited in path:
         memo[visited] = result
     return result
