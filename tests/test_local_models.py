@@ -207,13 +207,14 @@ def test_an_answer_cannot_rate_itself_with_the_local_model(local_engine, seed_re
     order = ["does_not_address", "somewhat_related", "partially_addresses", "directly_addresses"]
     assert order.index(injected.label) <= order.index(honest.label) + 1, (injected.label, honest.label)
     assert injected.score < seed_results["complete"].score - 0.1
-    # The LLM judges are what an instruction could steer; the ragas component is an embedding
-    # similarity of questions generated from different text, so it may differ either way.
+    # The LLM judges are what an instruction could steer; the other components are embedding
+    # similarities of different texts (generated questions, the answer against example
+    # replies), so they may differ either way.
     # Each judge sees its own answer's generated questions first, and the model host's batched
     # decoding makes the digit probabilities vary by a few hundredths from run to run (0.46
     # against 0.41 in one CI run, within 0.05 in the next, same code): 0.1 still catches an
     # injection, which would move the judge towards 1.0. The score itself keeps its 0.05.
-    judged = {name: value for name, value in injected.components.items() if name != "ragas"}
+    judged = {name: value for name, value in injected.components.items() if name in ("judge", "intent")}
     assert judged, injected.components
     for name, value in judged.items():
         assert value <= honest.components[name] + 0.1, (name, value, honest.components[name])
