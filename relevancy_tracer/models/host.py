@@ -44,7 +44,6 @@ import errno
 import fcntl
 import hashlib
 import http.client
-import importlib
 import json
 import logging
 import os
@@ -57,7 +56,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -74,6 +73,42 @@ MAX_RESTARTS = 5
 RESTART_WINDOW = 600.0
 #: Seconds a client waits for a starting host to accept connections (the model loads lazily).
 START_TIMEOUT = 60.0
+#: The module a client runs (``python -m``) to start a host.
+HOST_MODULE = "relevancy_tracer.models.host"
+
+#: Models a host may serve besides the local ones: name -> factory returning a ChatModel or an
+#: Embedder, and the module whose ``main`` starts such a host (it registers the same names).
+#: Empty in the product. Only code running in this process fills it (:func:`serve_extra_models`:
+#: the test suite's scripted models, ``relevancy_tracer_testing.use_scripted_host_models``);
+#: no setting or environment variable reaches it, and no model name is ever imported.
+_extra_models: dict[str, Callable[[], Any]] = {}
+_host_module = [HOST_MODULE]
+
+
+def serve_extra_models(factories: Mapping[str, Callable[[], Any]], host_module: str) -> None:
+    """Let the model hosts of this process serve ``factories`` under their names (``llm_model``
+    / ``embedding_model`` may then name them), starting hosts with ``python -m host_module``,
+    whose ``main`` must make the same call before :func:`main`. For tests and benchmarks
+    (scripted models in place of llama.cpp); a user's settings cannot reach it."""
+    _extra_models.update(factories)
+    _host_module[0] = host_module
+
+
+def check_model_name(setting: str, name: Optional[str]) -> None:
+    """Refuse a model name the host would not serve as a model: a ``module:function`` (a
+    colon, and no such file), which earlier versions imported and called in the host. Names
+    given to :func:`serve_extra_models` pass.
+
+    Raises:
+        ValueError: naming ``setting`` (``llm_model`` / ``embedding_model``) and the choices.
+    """
+    if not name or name in _extra_models or ":" not in name or os.path.exists(name):
+        return
+    from .local_embed import LOCAL_EMBEDDERS
+    from .local_llm import LOCAL_MODELS
+
+    choices = f"one of {', '.join(LOCAL_MODELS)} or a path to a GGUF file" if setting == "llm_model" else f"one of {', '.join(LOCAL_EMBEDDERS)}"
+    raise ValueError(f"{setting} {name!r} is not a local model: use {choices} (a module:function is never imported)")
 
 
 class ModelHostError(ModelError):
@@ -93,11 +128,11 @@ class HostSpec:
     """The models one host serves, and how it runs.
 
     Attributes:
-        llm: local chat model (name in ``LOCAL_MODELS``, GGUF path, or ``module:function``, a
-            factory returning a ChatModel, run in the host) or None.
+        llm: local chat model (name in ``LOCAL_MODELS`` or GGUF path) or None.
         threads: llama.cpp threads (None: the host's CPUs, see ``default_threads``).
         n_ctx: KV cache tokens. repack: ``auto | on | off``.
-        embedder: local embedder name (``LOCAL_EMBEDDERS``) or ``module:function``, or None.
+        embedder: local embedder name (``LOCAL_EMBEDDERS``) or None. A client refuses to
+            start a host for a ``module:function`` (:meth:`check`).
         nice: CPU niceness added to the host (0-19). idle_timeout: seconds the host lives on
             after its last client has gone.
         sched_idle: also run the host under the ``SCHED_IDLE`` scheduling policy where the OS
@@ -113,6 +148,11 @@ class HostSpec:
     nice: int = 19
     idle_timeout: float = 60.0
     sched_idle: bool = True
+
+    def check(self) -> None:
+        """Raise ValueError when a model name is one no host serves (:func:`check_model_name`)."""
+        check_model_name("llm_model", self.llm)
+        check_model_name("embedding_model", self.embedder)
 
     @property
     def key(self) -> str:
@@ -162,19 +202,6 @@ class HostPaths:
     def of(cls, spec: HostSpec, directory: Optional[Path] = None) -> "HostPaths":
         base = (directory or hosts_dir()) / spec.key
         return cls(Path(f"{base}.sock"), Path(f"{base}.clients"), Path(f"{base}.lock"), Path(f"{base}.log"))
-
-
-def _factory_name(model: str) -> bool:
-    """True when ``model`` names a ``module:function`` factory, not a model or a file."""
-    return ":" in model and not os.path.exists(model)
-
-
-def _factory(name: str) -> Optional[Any]:
-    """The callable named ``module:function`` (None when ``name`` is a model name or path)."""
-    if not _factory_name(name):
-        return None
-    module, _, attribute = name.partition(":")
-    return getattr(importlib.import_module(module), attribute)
 
 
 def _last_line(path: Path) -> str:
@@ -276,6 +303,13 @@ class HostConnection:
         self._lock = threading.Lock()
         #: Host starts made by this process (tests and benchmarks read it).
         self.starts = 0
+        #: Why no host is started for ``spec`` (a model name no host serves), or None.
+        self.refused: Optional[str] = None
+        try:
+            spec.check()
+        except ValueError as exc:
+            self.refused = str(exc)
+            logger.warning("relevancy-tracer: %s; every local evaluation fails with this error", exc)
         _fork.renew_after_fork(self, HostConnection._renew_after_fork)
 
     def _renew_after_fork(self) -> None:
@@ -361,8 +395,11 @@ class HostConnection:
 
         Returns the host's generation (for :meth:`host_lost`). Raises ModelHostError when the
         host cannot be started or crashed :data:`MAX_RESTARTS` times within
-        :data:`RESTART_WINDOW` seconds.
+        :data:`RESTART_WINDOW` seconds, ModelError when a model name is refused
+        (:attr:`refused`: no host is started).
         """
+        if self.refused is not None:
+            raise ModelError(self.refused)
         with self._lock:
             if self._alive():
                 return self._generation
@@ -401,7 +438,7 @@ class HostConnection:
                     env = dict(os.environ)
                     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
                     process = subprocess.Popen(
-                        [sys.executable, "-X", "faulthandler", "-m", "relevancy_tracer.models.host", "--directory", str(paths.socket.parent), *self.spec.argv()],
+                        [sys.executable, "-X", "faulthandler", "-m", _host_module[0], "--directory", str(paths.socket.parent), *self.spec.argv()],
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=log,
@@ -515,10 +552,10 @@ class HostConnection:
 
 
 def _local_name(model: str) -> str:
-    """The name LocalChatModel reports for ``model`` (a factory keeps its ``module:function``)."""
+    """The name LocalChatModel reports for ``model`` (an extra model keeps its name)."""
     from .local_llm import LOCAL_MODELS
 
-    if model in LOCAL_MODELS or _factory_name(model):
+    if model in LOCAL_MODELS or model in _extra_models:
         return model
     return Path(model).name
 
@@ -536,7 +573,7 @@ class HostChatModel:
         self.connection = connection
         model = connection.spec.llm or ""
         self.name = _local_name(model)
-        self.decoding = "" if _factory_name(model) else DECODING
+        self.decoding = "" if model in _extra_models else DECODING
 
     async def chat_json(
         self,
@@ -609,7 +646,7 @@ class _Host:
         spec = self.spec
         self.threads = spec.threads or default_threads()
         if spec.llm:
-            factory = _factory(spec.llm)
+            factory = _extra_models.get(spec.llm)
             if factory is not None:
                 self.llm = factory()
             else:
@@ -617,7 +654,7 @@ class _Host:
 
                 self.llm = LocalChatModel(spec.llm, threads=self.threads, n_ctx=spec.n_ctx, repack=spec.repack)
         if spec.embedder:
-            factory = _factory(spec.embedder)
+            factory = _extra_models.get(spec.embedder)
             if factory is not None:
                 self.embedder = factory()
             else:
@@ -828,6 +865,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--sched-idle", action="store_true", help="run under SCHED_IDLE where the OS allows it")
     args = parser.parse_args(argv)
     spec = HostSpec(args.llm, args.threads, args.n_ctx, args.repack, args.embedder, args.nice, args.idle_timeout, args.sched_idle)
+    try:
+        spec.check()
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s model-host[%(process)d] %(message)s")
     if spec.nice or spec.sched_idle:
         lower_priority(spec.nice, spec.sched_idle)
