@@ -350,7 +350,7 @@ def test_a_request_cancelled_before_it_connects_is_never_sent(cache, tmp_path, m
     from concurrent.futures import ThreadPoolExecutor
 
     from relevancy_tracer.models.base import ModelError
-    from relevancy_tracer.models.host import _Call
+    from relevancy_tracer.models.host_client import _Call
 
     hold = tmp_path / "hold"
     hold.touch()
