@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import shutil
 import signal
 
 import pytest
@@ -93,10 +94,24 @@ def check_clean_exit(app: ServedApp, code, seconds: float, workers: int) -> None
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A cache directory for the module: model host sockets of these tests' own, and the
-    example's passage vectors computed once (by the first test's app)."""
-    return tmp_path_factory.mktemp("cache")
+def passage_vectors(tmp_path_factory):
+    """Where the example's passage vectors wait for the next test: those the user's cache
+    holds (named by the embedder and a digest of the passages), else the first test's."""
+    directory = tmp_path_factory.mktemp("passage-vectors")
+    for vectors in (cache_dir() / "examples").glob("pydoc-passages-*.npy"):
+        shutil.copy2(vectors, directory)
+    return directory
+
+
+@pytest.fixture
+def cache(tmp_path, passage_vectors):
+    """A cache directory of the test's own (so a model host of its own, never one a previous
+    test's server left exiting), with the passage vectors an earlier test computed."""
+    directory = tmp_path / "cache"
+    shutil.copytree(passage_vectors, directory / "examples")
+    yield directory
+    for vectors in (directory / "examples").glob("*.npy"):
+        shutil.copy2(vectors, passage_vectors)
 
 
 @pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
@@ -106,7 +121,7 @@ def test_fastapi_recipe_with_an_openai_compatible_endpoint(server, cache, tmp_pa
     workers = 2 if server == "gunicorn" else 1
     with FakeOpenAIServer(chat_delay=0.2) as models, OTLPReceiver(grpc=False) as receiver:
         env = app_environment(cache, **fake_model_env(models), **otel_env(receiver), RELEVANCY_TRACER_LOCAL_HOST_IDLE_TIMEOUT="2")
-        app = ServedApp(server, env, log=tmp_path / f"{server}.log", graceful_timeout=GRACE).start()
+        app = ServedApp(server, env, log=tmp_path / f"{server}.log", graceful_timeout=GRACE).start(timeout=600)
         try:
             replies = ask_until_every_worker_answered(app, receiver, workers, limit=12)
             running = app.processes()
@@ -136,7 +151,7 @@ def test_fastapi_recipe_under_gunicorn_with_the_embedded_default(tmp_path):
             # the default 60 s a span is held (docs/deploying.md: hold_timeout)
             RELEVANCY_TRACER_HOLD_TIMEOUT="900", RELEVANCY_TRACER_EVALUATION_TIMEOUT="900",
         )
-        app = ServedApp("gunicorn", env, log=tmp_path / "gunicorn.log", graceful_timeout=GRACE).start()
+        app = ServedApp("gunicorn", env, log=tmp_path / "gunicorn.log", graceful_timeout=GRACE).start(timeout=600)
         try:
             replies = ask_until_every_worker_answered(app, receiver, 2, limit=6)
             answers = check_answer_spans(receiver, replies, timeout=900)
