@@ -10,9 +10,12 @@ share of the pages it shares, so the PSS of all processes adds up to what they u
 gunicorn's master, each worker, and the model host (with the local default it serves both the scorer and the
 example's retrieval embedder; with an endpoint only the retrieval embedder). Then SIGTERM, as Kubernetes sends it, once with every evaluation finished
 (``idle``) and, in a second server, right after the last reply (``pending``: the lifespan's
-``relevancy_tracer.shutdown`` scores what is left first); the seconds to exit of each.
+``relevancy_tracer.shutdown(timeout=20)`` scores what it can, then ends the rest with status
+``shutdown``); the seconds to exit of each, and whether every worker finished its shutdown
+before gunicorn's ``--graceful-timeout`` (default 30 s; after it gunicorn kills the worker, and
+still exits 0).
 
-    flock /tmp/relevancy-model.lock python -m benchmarks.deploy --models local --out benchmarks/results/deploy_local.json
+    flock /tmp/relevancy-model.lock python -m benchmarks.deploy --models local --requests 6 --out benchmarks/results/deploy_local.json
     python -m benchmarks.deploy --models openai --out benchmarks/results/deploy_openai.json
 """
 
@@ -36,7 +39,7 @@ def mib(values: dict[str, int]) -> dict[str, float]:
     return {key: round(value / MIB, 1) for key, value in values.items()}
 
 
-def run(models: str, workers: int, requests: int, pending: bool, directory: Path) -> dict[str, Any]:
+def run(models: str, workers: int, requests: int, pending: bool, directory: Path, graceful_timeout: float) -> dict[str, Any]:
     """One gunicorn server: its processes' memory after ``requests`` scored answers (unless
     ``pending``), then the seconds from SIGTERM to its exit."""
     import psutil
@@ -55,7 +58,7 @@ def run(models: str, workers: int, requests: int, pending: bool, directory: Path
             **settings, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.http_endpoint, OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
             OTEL_BSP_SCHEDULE_DELAY="100", OMP_WAIT_POLICY="PASSIVE",
         )
-        app = ServedApp("gunicorn", env, log=directory / f"gunicorn-{models}-{'pending' if pending else 'idle'}.log", workers=workers)
+        app = ServedApp("gunicorn", env, log=directory / f"gunicorn-{models}-{'pending' if pending else 'idle'}.log", workers=workers, graceful_timeout=graceful_timeout)
         started = time.monotonic()
         app.start(timeout=600)
         ready = time.monotonic() - started
@@ -77,12 +80,16 @@ def run(models: str, workers: int, requests: int, pending: bool, directory: Path
                 "host": mib(memory(psutil.Process(info["pid"]))),
             }
             result["host"] = {"serves": [info["llm"], info["embedder"]], "clients": info["clients"], "threads": info["threads"]}
-        code, seconds = app.terminate(bound=120)
+        code, seconds = app.terminate(bound=graceful_timeout + 60)
         result.update(exit_status=code, seconds_sigterm_to_exit=round(seconds, 2))
         if pending:
             spans = receiver.wait_for_spans(lambda spans: sum(s["name"] == "qa.ask" for s in spans) >= requests, timeout=10)
             result["statuses"] = sorted(s["attributes"].get("relevancy.status") for s in spans if s["name"] == "qa.ask")
-        result["traceback_in_output"] = "Traceback" in app.output()
+        output = app.output()
+        result["traceback_in_output"] = "Traceback" in output
+        # a worker gunicorn killed after --graceful-timeout never completes its shutdown (and
+        # gunicorn logs nothing of it)
+        result["workers_shut_down"] = output.count("Application shutdown complete")
     return result
 
 
@@ -90,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", choices=("local", "openai"), default="local")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=6)
+    parser.add_argument("--graceful-timeout", type=float, default=30.0, help="gunicorn's (its default; the example shuts the tracer down within 20 s)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="deploy-bench-") as directory:
-        idle = run(args.models, args.workers, args.requests, False, Path(directory))
-        pending = run(args.models, args.workers, args.requests, True, Path(directory))
+        idle = run(args.models, args.workers, args.requests, False, Path(directory), args.graceful_timeout)
+        pending = run(args.models, args.workers, args.requests, True, Path(directory), args.graceful_timeout)
     report = {
         "command": "python -m benchmarks.deploy " + " ".join(argv if argv is not None else sys.argv[1:]),
         "models": args.models, "workers": args.workers, "python": platform.python_version(),

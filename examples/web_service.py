@@ -59,7 +59,9 @@ async def lifespan(_: FastAPI) -> AsyncIterator[None]:
     extractive = os.environ.get("EXAMPLE_GENERATOR") == "extractive"
     rag = PythonReferenceRAG(generator=extractive_generator if extractive else None)
     yield
-    relevancy_tracer.shutdown(timeout=30)
+    # within gunicorn's --graceful-timeout and Kubernetes' grace period (both 30 s by default),
+    # with room for the requests in flight: what is not scored by then ends with status shutdown
+    relevancy_tracer.shutdown(timeout=20)
 
 
 app = FastAPI(title="Python reference Q&A", lifespan=lifespan)
