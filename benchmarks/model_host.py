@@ -46,7 +46,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,32 +114,9 @@ def threads_of(pid: int) -> int:
     return psutil.Process(pid).num_threads()
 
 
-class PacedChatModel:
-    """The scripted chat model of ``relevancy_tracer_testing``, answering one request at a time
-    after ``MODEL_HOST_BENCH_PACE`` seconds (asleep: no CPU), so evaluations finish at about
-    the embedded model's rate while the app's process does all of its own per-evaluation work
-    (``paced-host`` variant; runs in the model host as ``benchmarks.model_host:PacedChatModel``)."""
-
-    name = "paced-host-chat"
-
-    def __init__(self) -> None:
-        from relevancy_tracer_testing import FakeHostChatModel
-
-        self._scripted = FakeHostChatModel()
-        self._pace = float(os.environ.get("MODEL_HOST_BENCH_PACE", "2.5"))
-        self._lock: Any = None
-
-    async def chat_json(self, messages: Any, schema: dict, **options: Any) -> Any:
-        import asyncio
-
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            await asyncio.sleep(self._pace)
-            return await self._scripted.chat_json(messages, schema, **options)
-
-
-SCRIPTED = dict(llm_model="relevancy_tracer_testing:FakeHostChatModel", embedding_model="relevancy_tracer_testing:FakeHostEmbedder", calibration="none")
+#: The scripted models of ``relevancy_tracer_testing`` (registered by ``use_scripted_host_models``
+#: in :func:`configure`; no setting can make the host load other code).
+SCRIPTED = dict(llm_model="fake-host-chat", embedding_model="fake-host-embed", calibration="none")
 #: Settings of each latency variant (all: local models, sample ratio 1 unless ``off``).
 VARIANTS: dict[str, dict] = {
     "off": dict(sample_ratio=0.0),
@@ -148,7 +124,7 @@ VARIANTS: dict[str, dict] = {
     "host": dict(),
     "host-nice": dict(),  # the host at nice 19 without SCHED_IDLE (see latency_child)
     "scripted-host": SCRIPTED,
-    "paced-host": dict(SCRIPTED, llm_model="benchmarks.model_host:PacedChatModel"),
+    "paced-host": dict(SCRIPTED, llm_model="paced-host-chat"),
 }
 
 
@@ -161,6 +137,10 @@ def configure(variant: str, done: list, event: threading.Event):
 
     options = dict(local_host=True, sample_ratio=1.0)
     options.update(VARIANTS[variant])
+    if variant in ("scripted-host", "paced-host"):
+        from relevancy_tracer_testing import use_scripted_host_models
+
+        use_scripted_host_models()
     relevancy_tracer.configure(
         llm="local", embeddings="local", setup_otel=False, score_unrecorded=True, local_host_idle_timeout=2.0, on_result=on_result,
         evaluation_timeout=3600, hold_timeout=3600, queue_size=10000, **options,

@@ -154,7 +154,11 @@ class PythonReferenceRAG:
         else:
             self.vectors = self.embedder.embed_sync([p.text for p in self.passages])
             cache.parent.mkdir(parents=True, exist_ok=True)
-            np.save(cache, self.vectors)
+            # written whole, then renamed: forked workers starting together never read half a file
+            partial = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+            with open(partial, "wb") as handle:
+                np.save(handle, self.vectors)
+            os.replace(partial, cache)
 
     def retrieve(self, question: str) -> list[tuple[Passage, float]]:
         """The ``top_k`` passages most similar to ``question``, with their cosine similarity."""

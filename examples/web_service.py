@@ -10,6 +10,15 @@ Run::
     uvicorn examples.web_service:app --port 8000
     curl -s localhost:8000/ask -H 'content-type: application/json' -d '{"question": "What does the pass statement do?"}'
 
+or with forked workers (one model host serves them all)::
+
+    gunicorn examples.web_service:app -k uvicorn_worker.UvicornWorker -w 2 --preload --bind 127.0.0.1:8000
+
+The tracer is configured in the lifespan, so in each worker after gunicorn's fork, and shut
+down there on SIGTERM (flushing the held answer spans). With ``opentelemetry-instrumentation-fastapi``
+installed, FastAPI's server span of each request is the parent of its answer span
+(``docs/deploying.md``; ``tests/test_deploy.py`` runs both servers).
+
 ``EXAMPLE_GENERATOR=extractive`` answers with passage sentences instead of the local LLM.
 Scores are exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT); shutdown flushes pending ones.
 """
@@ -50,12 +59,23 @@ async def lifespan(_: FastAPI) -> AsyncIterator[None]:
     extractive = os.environ.get("EXAMPLE_GENERATOR") == "extractive"
     rag = PythonReferenceRAG(generator=extractive_generator if extractive else None)
     yield
-    relevancy_tracer.shutdown(timeout=30)
+    # within gunicorn's --graceful-timeout and Kubernetes' grace period (both 30 s by default),
+    # with room for the requests in flight: what is not scored by then ends with status shutdown
+    relevancy_tracer.shutdown(timeout=20)
 
 
 app = FastAPI(title="Python reference Q&A", lifespan=lifespan)
 
+try:  # FastAPI's own server spans, when installed: each answer span becomes a child of its request's
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+except ImportError:  # pragma: no cover - the instrumentation is optional
+    pass
+else:
+    FastAPIInstrumentor.instrument_app(app)
 
+
+# FastAPI's decorator outermost: it registers what it wraps, so it must see the traced function
+# (wrapt keeps the signature FastAPI reads the request model from).
 @app.post("/ask", response_model=AskResponse)
 @relevancy_tracer.trace(name="qa.ask", question="request.question", answer="return.answer")
 async def ask(request: AskRequest) -> AskResponse:

@@ -1,7 +1,8 @@
 """The lab's test servers on 127.0.0.1, shared by ``tests/`` and ``benchmarks/``: a scriptable
 OpenAI-compatible server (:class:`FakeOpenAIServer`), an OTLP receiver (:class:`OTLPReceiver`),
 a Redis launcher (:class:`RedisServer`) and scripted models for the model host
-(:class:`FakeHostChatModel`, :class:`FakeHostEmbedder`, named as ``relevancy_tracer_testing:NAME``).
+(:class:`FakeHostChatModel`, :class:`FakeHostEmbedder`, :class:`PacedHostChatModel`: call
+:func:`use_scripted_host_models`, then name them ``llm_model="fake-host-chat"`` etc.).
 
 Not part of the product: this package sits beside ``relevancy_tracer/`` in the checkout and is
 not in the wheel (setup.py discovers only ``relevancy_tracer.*``; ``tests/test_wheel.py`` checks
@@ -211,7 +212,7 @@ HOLD_FILE_ENV = "RELEVANCY_TRACER_TEST_HOLD_FILE"
 
 class FakeHostChatModel:
     """A scripted :class:`~relevancy_tracer.models.base.ChatModel` the model host can run
-    instead of llama.cpp (``llm_model="relevancy_tracer_testing:FakeHostChatModel"``): replies
+    instead of llama.cpp (``llm_model="fake-host-chat"`` after :func:`use_scripted_host_models`): replies
     :func:`default_chat_reply`, instantly, unless the file named by :data:`HOLD_FILE_ENV`
     exists, in which case each request waits until it is removed."""
 
@@ -234,7 +235,7 @@ class FakeHostChatModel:
 
 class FakeHostEmbedder:
     """:func:`hashed_embedding` as an :class:`~relevancy_tracer.models.base.Embedder` for the
-    model host (``embedding_model="relevancy_tracer_testing:FakeHostEmbedder"``)."""
+    model host (``embedding_model="fake-host-embed"`` after :func:`use_scripted_host_models`)."""
 
     name = "fake-host-embed"
 
@@ -244,6 +245,55 @@ class FakeHostEmbedder:
         from relevancy_tracer.models.base import EmbeddingReply
 
         return EmbeddingReply(vectors=np.asarray([hashed_embedding(t) for t in texts], dtype=np.float32), model=self.name)
+
+
+#: Environment variable: seconds :class:`PacedHostChatModel` takes per request (default 2.5).
+PACE_ENV = "MODEL_HOST_BENCH_PACE"
+
+
+class PacedHostChatModel:
+    """:class:`FakeHostChatModel` answering one request at a time after :data:`PACE_ENV`
+    seconds (asleep: no CPU), so evaluations finish at about the embedded model's rate while
+    the app's process does all of its own per-evaluation work (``llm_model="paced-host-chat"``;
+    ``benchmarks.model_host``'s ``paced-host`` variant)."""
+
+    name = "paced-host-chat"
+
+    def __init__(self) -> None:
+        import os
+
+        self._scripted = FakeHostChatModel()
+        self._pace = float(os.environ.get(PACE_ENV, "2.5"))
+        self._lock: Any = None
+
+    async def chat_json(self, messages: Any, schema: dict, **options: Any) -> Any:
+        import asyncio
+
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            await asyncio.sleep(self._pace)
+            return await self._scripted.chat_json(messages, schema, **options)
+
+
+#: The scripted models by the name ``llm_model`` / ``embedding_model`` gives them.
+SCRIPTED_HOST_MODELS: dict[str, Callable[[], Any]] = {
+    FakeHostChatModel.name: FakeHostChatModel,
+    FakeHostEmbedder.name: FakeHostEmbedder,
+    PacedHostChatModel.name: PacedHostChatModel,
+}
+
+
+def use_scripted_host_models() -> None:
+    """Let this process's model hosts serve :data:`SCRIPTED_HOST_MODELS` (``llm_model=
+    "fake-host-chat"``, ``embedding_model="fake-host-embed"``, ``llm_model="paced-host-chat"``):
+    hosts then start as ``python -m relevancy_tracer_testing.model_host``, which registers the
+    same models. Call it in every process that configures the tracer with them (forked
+    children inherit it). The product has no other way to load a model that is not a local
+    one: no setting reaches this."""
+    from relevancy_tracer.models import host
+
+    host.serve_extra_models(SCRIPTED_HOST_MODELS, "relevancy_tracer_testing.model_host")
 
 
 # ------------------------------------------------------------------------------- the server

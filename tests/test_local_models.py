@@ -19,7 +19,7 @@ import pytest
 from relevancy_tracer.config import Settings
 from relevancy_tracer.models.base import ModelError
 from relevancy_tracer.models.local_embed import E5Embedder, MiniLMEmbedder, USEEmbedder
-from relevancy_tracer.models.local_llm import LocalModelSpec, assemble_model
+from relevancy_tracer.models.local_llm import LocalModelSpec, assemble_model, cpu_flags, llama_system_info, repack_weights
 from relevancy_tracer.result import Status
 from relevancy_tracer.scoring.engine import Engine
 
@@ -237,26 +237,56 @@ def test_local_model_closes_reloads_and_exits_cleanly():
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
 
 
+AMX_CPUINFO = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu sse2 avx2 avx512f amx_bf16 avx512_fp16 amx_tile amx_int8\n"
+PLAIN_CPUINFO = "processor\t: 0\nmodel name\t: AMD EPYC 7763\nflags\t\t: fpu sse2 avx2 fma\n"
+
+
+def may_force_repacking(cpuinfo: str, system_info: str) -> bool:
+    """Whether a test may load the model with ``repack="on"`` on a machine with this
+    ``/proc/cpuinfo`` and this ggml build (``llama_print_system_info()``): only where neither
+    uses AMX. On an AMX CPU that is the path that crashes (SIGILL, SIGSEGV), which is why the
+    product turns repacking off there. The same rule as ``repack_weights("auto")``."""
+    return repack_weights("auto", flags=cpu_flags(cpuinfo), system_info=system_info)
+
+
+def test_the_amx_test_forces_repacking_only_where_the_cpu_and_the_build_lack_amx():
+    plain_build = "CPU : SSE3 = 1 | AVX2 = 1 | REPACK = 1 |"
+    assert may_force_repacking(PLAIN_CPUINFO, plain_build) is True
+    assert may_force_repacking(AMX_CPUINFO, plain_build) is False
+    # a ggml build compiled for AMX, on a machine whose cpuinfo does not show the flags
+    assert may_force_repacking(PLAIN_CPUINFO, "CPU : AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |") is False
+    assert may_force_repacking("no flags line", "") is True
+
+
 def test_on_a_cpu_reporting_amx_the_model_loads_without_weight_repacking_and_scores():
     """llama.cpp's AMX path crashes (ggml-org/llama.cpp#20824): where the CPU reports AMX, the
     weights load without extra buffer types. This machine's flags are replaced by an AMX CPU's,
-    in a subprocess that loads the real model and generates."""
+    in a subprocess that loads the real model and generates. The other path (``repack="on"``)
+    is loaded too, but only where this machine really lacks AMX (:func:`may_force_repacking`):
+    on an AMX CPU it is the crashing path, and there the first load already is the real one."""
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    force = may_force_repacking(cpuinfo, llama_system_info())
     app = textwrap.dedent(
         """
+        import sys
         from relevancy_tracer.models import local_llm
         amx = local_llm.cpu_flags() | {"amx_tile", "amx_int8", "amx_bf16"}
         local_llm.cpu_flags = lambda cpuinfo=None: amx
         model = local_llm.LocalChatModel("qwen2.5-coder-1.5b", threads=2, n_ctx=1024)
         reply = model.generate([{"role": "user", "content": "Say hello."}], max_tokens=8)
         assert model.repacked is False and reply.strip(), (model.repacked, reply)
-        other = local_llm.LocalChatModel("qwen2.5-coder-1.5b", threads=2, n_ctx=1024, repack="on")
-        other.generate([{"role": "user", "content": "Say hello."}], max_tokens=2)
-        assert other.repacked is True
-        print("ok")
+        if sys.argv[1] == "force":
+            other = local_llm.LocalChatModel("qwen2.5-coder-1.5b", threads=2, n_ctx=1024, repack="on")
+            other.generate([{"role": "user", "content": "Say hello."}], max_tokens=2)
+            assert other.repacked is True
+        print("ok", sys.argv[1])
         """
     )
-    proc = subprocess.run([sys.executable, "-c", app], env=subprocess_env(OMP_WAIT_POLICY="PASSIVE"), capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    proc = subprocess.run(
+        [sys.executable, "-c", app, "force" if force else "no-force"],
+        env=subprocess_env(OMP_WAIT_POLICY="PASSIVE"), capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert proc.returncode == 0 and proc.stdout.split()[-2:] == ["ok", "force" if force else "no-force"], proc.stderr[-3000:]
 
 
 def test_the_model_host_gives_the_in_process_scores(local_engine, seed_results):

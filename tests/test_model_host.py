@@ -2,7 +2,8 @@
 app survives it, every process shares it, and it never outlives its clients.
 
 These tests run the host with the scripted models of :mod:`relevancy_tracer_testing`
-(``FakeHostChatModel`` / ``FakeHostEmbedder``) instead of llama.cpp: the host, its sockets,
+(``FakeHostChatModel`` / ``FakeHostEmbedder``, registered in this process and in the hosts it
+starts by ``use_scripted_host_models``, not by a setting) instead of llama.cpp: the host, its sockets,
 lock file, supervision and restarts are the real ones. ``test_local_models.py`` runs the real
 model through the host.
 """
@@ -27,19 +28,21 @@ from relevancy_tracer.config import Settings
 from relevancy_tracer.scoring.backends import build_models, host_connection
 from relevancy_tracer.models.host import HostConnection, ModelHostError
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer_testing import HOLD_FILE_ENV
+from relevancy_tracer_testing import HOLD_FILE_ENV, use_scripted_host_models
 
 from .conftest import ROOT, finished_spans, subprocess_env
 
 FAKE = dict(
     llm="local",
     embeddings="local",
-    llm_model="relevancy_tracer_testing:FakeHostChatModel",
-    embedding_model="relevancy_tracer_testing:FakeHostEmbedder",
+    llm_model="fake-host-chat",
+    embedding_model="fake-host-embed",
     local_host_idle_timeout=1.0,
     calibration="none",
 )
 FAKE_ENV = {"RELEVANCY_TRACER_" + k.upper(): str(v) for k, v in FAKE.items()}
+FAKE_ENV["PYTHONPATH"] = str(ROOT)  # the client scripts import relevancy_tracer_testing
+use_scripted_host_models()
 QUESTION = "Where is France and what is its capital?"
 ANSWER = "France is in western Europe and Paris is its capital."
 
@@ -146,6 +149,8 @@ def test_restarts_are_bounded_then_every_evaluation_names_the_crash(cache):
 CLIENT = textwrap.dedent(
     """
     import asyncio, json, sys, time
+    import relevancy_tracer_testing
+    relevancy_tracer_testing.use_scripted_host_models()
     from relevancy_tracer.config import Settings
     from relevancy_tracer.scoring.backends import build_models
     models = build_models(Settings.resolve())
@@ -193,7 +198,8 @@ def test_host_exits_after_its_last_client_is_sigkilled(cache, tmp_path):
 FORKED = textwrap.dedent(
     """
     import json, os, sys
-    import relevancy_tracer
+    import relevancy_tracer, relevancy_tracer_testing
+    relevancy_tracer_testing.use_scripted_host_models()
     from relevancy_tracer.tracing import lifecycle
     from relevancy_tracer.scoring.backends import host_connection
 
@@ -344,7 +350,7 @@ def test_a_request_cancelled_before_it_connects_is_never_sent(cache, tmp_path, m
     from concurrent.futures import ThreadPoolExecutor
 
     from relevancy_tracer.models.base import ModelError
-    from relevancy_tracer.models.host import _Call
+    from relevancy_tracer.models.host_client import _Call
 
     hold = tmp_path / "hold"
     hold.touch()
@@ -364,3 +370,39 @@ def test_a_request_cancelled_before_it_connects_is_never_sent(cache, tmp_path, m
     info = connection.info()
     assert info["served"] == served and info["in_flight"] == 0  # the host never saw it
     connection.close()
+
+
+def test_a_module_function_model_name_is_refused_and_never_imported(cache, tmp_path):
+    """``llm_model`` / ``embedding_model`` name models, never code: ``RELEVANCY_TRACER_LLM_MODEL=
+    os:system`` (or any ``module:function``) starts no model host and imports nothing; every
+    local evaluation fails with an error naming the setting and the models there are, and the
+    host run by hand refuses it too. A module on the path that records its import shows it."""
+    marker = tmp_path / "imported"
+    (tmp_path / "planted.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\ndef make():\n    raise SystemExit(9)\n")
+    code = textwrap.dedent(
+        """
+        import json, relevancy_tracer
+        from relevancy_tracer.scoring.backends import host_connection
+        from relevancy_tracer.tracing import lifecycle
+        settings = relevancy_tracer.configure(setup_otel=False)
+        result = relevancy_tracer.score("Where is France?", "France is in western Europe.")
+        print(json.dumps({"status": str(result.status), "error": result.error, "starts": host_connection(settings).starts}))
+        """
+    )
+    for llm_model, embedding_model in (("os:system", None), ("planted:make", None), (None, "planted:make")):
+        env = subprocess_env(RELEVANCY_TRACER_CACHE_DIR=str(cache), RELEVANCY_TRACER_LLM="local", RELEVANCY_TRACER_EMBEDDINGS="local", PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+        env.update({"RELEVANCY_TRACER_LLM_MODEL": llm_model} if llm_model else {"RELEVANCY_TRACER_EMBEDDING_MODEL": embedding_model})
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        setting, name = ("llm_model", llm_model) if llm_model else ("embedding_model", embedding_model)
+        assert out["status"] == "model_error" and out["starts"] == 0, out
+        assert f"{setting} {name!r} is not a local model" in out["error"] and "never imported" in out["error"], out
+        assert f"{setting} {name!r} is not a local model" in done.stderr  # said once at configure time
+        assert not marker.exists()
+    by_hand = subprocess.run(
+        [sys.executable, "-m", "relevancy_tracer.models.host", "--directory", str(tmp_path / "hosts"), "--llm", "planted:make"],
+        env=subprocess_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)])), cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert by_hand.returncode == 2 and "llm_model 'planted:make' is not a local model" in by_hand.stderr, by_hand.stderr[-2000:]
+    assert not marker.exists() and "Traceback" not in by_hand.stderr

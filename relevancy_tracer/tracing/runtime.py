@@ -134,13 +134,21 @@ class Runtime:
         providers this library installed. Final: the runtime traces nothing afterwards. Returns
         within ``timeout`` plus about a second, whatever the model and OTLP endpoints do."""
         deadline = time.monotonic() + max(0.0, timeout)
+        # the spans the cancellation ends (status shutdown) still have to be exported: the flush
+        # leaves part of the timeout to the exporters, or a process exiting right after this
+        # returns (a web server after its lifespan) would lose them
+        export = min(EXPORT_RESERVE, max(0.0, timeout) / 4)
         self.active = False
-        ok = self.jobs.shutdown(timeout)
+        ok = self.jobs.shutdown(max(0.0, timeout - export))
         if self.annotations is not None:
             ok = self.annotations.shutdown(max(0.0, deadline - time.monotonic())) and ok
         if self.owned.tracer_provider is not None or self.owned.meter_provider is not None:
-            ok = self.owned.shutdown(max(0.0, deadline - time.monotonic())) and ok
+            ok = self.owned.shutdown(max(export, deadline - time.monotonic())) and ok
         return ok
+
+
+#: Seconds of :meth:`Runtime.shutdown`'s timeout kept for the exporters (at most a quarter of it).
+EXPORT_RESERVE = 2.0
 
 
 def _meter_provider() -> Any:
