@@ -208,7 +208,8 @@ def test_rules_and_configs_fail_the_checks_when_broken(tmp_path):
     Alertmanager route to an unknown receiver are each rejected."""
     promtool, amtool = binary("promtool"), binary("amtool")
     broken = tmp_path / "broken.rules.yml"
-    broken.write_text(RULES.read_text().replace("span:relevancy_score:mean30m < 0.6", "span:relevancy_score:mean30m < ", 1))
+    assert "span:relevancy_low_label:ratio30m > 0.35" in RULES.read_text()
+    broken.write_text(RULES.read_text().replace("span:relevancy_low_label:ratio30m > 0.35", "span:relevancy_low_label:ratio30m > ", 1))
     assert run([promtool, "check", "rules", str(broken)]).returncode != 0
 
     # Only the failure alerts' test group (the score group replays 26 h of samples: slow).
