@@ -183,10 +183,12 @@ def test_fastapi_recipe_under_gunicorn_with_the_embedded_default(tmp_path):
         )
         app = ServedApp("gunicorn", env, log=tmp_path / "gunicorn.log", graceful_timeout=GRACE).start(timeout=600)
         try:
+            # both workers up and scoring (a burst alone may all land on one worker), then the burst
+            replies = ask_until_every_worker_answered(app, receiver, 2, limit=6)
             burst = [f"{QUESTIONS[i % len(QUESTIONS)]} (burst {i})" for i in range(6)]
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
-                replies = dict(zip(burst, pool.map(app.ask, burst)))
-            results = scored_where_held_or_deferred(receiver, burst, timeout=900)
+                replies.update(zip(burst, pool.map(app.ask, burst)))
+            results = scored_where_held_or_deferred(receiver, list(replies), timeout=900)
             running = app.processes()
             settings = Settings.resolve(llm="local", embeddings="local", local_context=6144, local_host_idle_timeout=2.0)
             scorer = host_info(settings, cache_dir())
@@ -196,7 +198,7 @@ def test_fastapi_recipe_under_gunicorn_with_the_embedded_default(tmp_path):
         finally:
             code, seconds = app.terminate(bound=GRACE + 20)
         check_clean_exit(app, code, seconds, 2)
-    assert len(replies) == 6 and len(results) == 6
+    assert len(results) == len(replies) >= 8 and all(q in results for q in burst)
     assert {a["relevancy.llm.model"] for a in results.values()} == {"qwen2.5-coder-1.5b"}
     assert all(0.0 <= a["relevancy.score"] <= 1.0 for a in results.values())
 
