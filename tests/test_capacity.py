@@ -39,7 +39,7 @@ class Clock:
 def overloaded(clock: Clock, *, concurrency: int = 2, duration: float = 10.0, offered_per_s: float = 10.0) -> Capacity:
     """A controller that measured ``duration`` s per evaluation with every slot busy and
     ``offered_per_s`` calls a second for a minute."""
-    capacity = Capacity(concurrency, 60.0, clock=clock)
+    capacity = Capacity(concurrency, 60.0, clock=clock, warmup=0)
     capacity.observe(duration, busy=True)
     for _ in range(60):
         clock.now += 1.0
@@ -54,7 +54,7 @@ def test_the_admitted_calls_are_those_below_the_trace_id_threshold(trace_id):
     capacity = overloaded(Clock())
     # capacity 2 / 10 s = 0.2/s against 10 offered/s: ratio = headroom x 0.02
     assert capacity.rate == pytest.approx(0.2) and capacity.ratio == pytest.approx(HEADROOM * 0.02, rel=0.01)
-    verdict = capacity.admit(trace_id, depth=0)
+    verdict = capacity.admit(trace_id, depth=capacity.concurrency)  # every slot busy
     below = (trace_id & LOW64) < capacity.ratio * 2**64
     assert (verdict is None) == below and verdict in (None, "sample")
 
@@ -66,16 +66,17 @@ def test_the_admitted_share_follows_the_measured_capacity_and_recovers():
 
     rng = random.Random(7)
     ids = [rng.getrandbits(128) or 1 for _ in range(20000)]
-    admitted = sum(capacity.admit(t, 0) is None for t in ids)
+    busy = capacity.concurrency
+    admitted = sum(capacity.admit(t, busy) is None for t in ids)
     assert admitted / len(ids) == pytest.approx(capacity.ratio, rel=0.15)
     # the same trace id gets the same decision in every process that measured the same
-    assert [capacity.admit(t, 0) for t in ids[:50]] == [capacity.admit(t, 0) for t in ids[:50]]
+    assert [capacity.admit(t, busy) for t in ids[:50]] == [capacity.admit(t, busy) for t in ids[:50]]
     # the load falls under the capacity: every call is admitted again
     for _ in range(120):
         clock.now += 1.0
         capacity.offered += 0
         capacity.update()
-    assert capacity.ratio == 1.0 and all(capacity.admit(t, 0) is None for t in ids[:100])
+    assert capacity.ratio == 1.0 and all(capacity.admit(t, busy) is None for t in ids[:100])
 
 
 def test_the_threshold_nests_in_the_sample_ratio_the_calls_were_sampled_at():
@@ -84,7 +85,7 @@ def test_the_threshold_nests_in_the_sample_ratio_the_calls_were_sampled_at():
     import random
 
     clock = Clock()
-    capacity = Capacity(2, 60.0, clock=clock, base_ratio=0.1)
+    capacity = Capacity(2, 60.0, clock=clock, base_ratio=0.1, warmup=0)
     capacity.observe(10.0, busy=True)
     for _ in range(60):
         clock.now += 1.0
@@ -92,18 +93,41 @@ def test_the_threshold_nests_in_the_sample_ratio_the_calls_were_sampled_at():
         capacity.update()
     rng = random.Random(5)
     offered = [rng.randrange(1, int(0.1 * 2**64)) for _ in range(20000)]  # what the ratio sampler let through
-    admitted = sum(capacity.admit(t, 0) is None for t in offered)
+    admitted = sum(capacity.admit(t, 2) is None for t in offered)
     assert admitted / len(offered) == pytest.approx(capacity.ratio, rel=0.1) and capacity.ratio < 0.5
 
 
 def test_expected_wait_bounds_the_depth_but_an_idle_scorer_always_takes_a_call():
-    capacity = Capacity(4, 60.0)
+    capacity = Capacity(4, 60.0, warmup=0)
     assert capacity.admit(1, 10**6) is None  # nothing measured yet: no bound
     capacity.observe(20.0, busy=True)  # 4 slots, 20 s each: 0.2/s; 60 s * 0.9 fits 10 evaluations
     assert capacity.max_depth == 10
     assert capacity.admit(1, 9) is None and capacity.admit(1, 10) == "expected_wait"
     capacity.observe(1000.0, busy=True)  # slower than the budget: only an idle scorer takes one
     assert capacity.admit(1, 0) is None and capacity.admit(1, 1) == "expected_wait"
+
+
+def test_a_call_that_can_start_at_once_is_taken_whatever_its_trace_id():
+    """A burst on a scorer with free slots waits for nothing: the trace-id threshold applies
+    only while every slot is busy (fails when the threshold is applied at any depth)."""
+    capacity = overloaded(Clock(), concurrency=4)
+    outside = [t for t in range(1, 1 << 20, 4099) if t << 40 >= capacity.bound][:20]
+    assert outside and capacity.ratio < 0.1
+    outside = [t << 40 for t in outside]
+    assert all(capacity.admit(t, depth) is None for t in outside for depth in range(4))
+    assert all(capacity.admit(t, 4) == "sample" for t in outside)
+
+
+def test_the_first_evaluation_loads_the_models_and_is_not_measured():
+    """A cold start (the host loading its weights) took 200 s; warm evaluations take 10 s. A
+    burst right after the cold one is admitted (no bound yet: fails when the cold duration is
+    measured, which allows only an idle scorer to take a call), and the warm ones set the bound."""
+    capacity = Capacity(2, 60.0)
+    capacity.observe(200.0, busy=False)
+    assert capacity.rate is None and capacity.max_depth == math.inf
+    assert all(capacity.admit(1, depth) is None for depth in range(6))
+    capacity.observe(10.0, busy=True)
+    assert capacity.rate == pytest.approx(0.2) and capacity.max_depth == 10  # 2 slots x 60 s x 0.9 / 10 s
 
 
 class FakeJob:
@@ -137,7 +161,7 @@ class FakeJob:
 
 
 def test_a_queued_job_that_can_no_longer_finish_is_not_started():
-    capacity = Capacity(1, 600.0)
+    capacity = Capacity(1, 600.0, warmup=0)
     capacity.observe(100.0, busy=True)  # one evaluation takes 100 s
     queue = JobQueue(queue_size=10, concurrency=1, capacity=capacity)
     gate = threading.Event()
@@ -170,7 +194,8 @@ def test_the_queue_admits_by_trace_id_and_sheds_at_once():
         jobs = [FakeJob(math.inf, gate, trace_id=rng.getrandbits(128) or 1) for _ in range(400)]
         taken = [queue.submit(job) for job in jobs]
         bound = capacity.ratio * 2**64
-        for job, ok in zip(jobs, taken):
+        assert taken[0] and jobs[0].outcome is None  # a free slot takes any call
+        for job, ok in zip(jobs[1:], taken[1:]):
             if (job.trace_id & LOW64) >= bound:  # outside the sample: ended at once, before any ran
                 assert not ok and job.outcome[0] == Status.CAPACITY and job.outcome[2] == "sample"
             elif ok:
@@ -205,7 +230,12 @@ def test_the_effective_sample_ratio_is_a_metric():
 
 def test_calls_over_capacity_end_at_once_with_status_capacity_never_timeout(tracing, otel, server):
     tracing(concurrency=1, hold_timeout=30.0)
-    lifecycle.current().capacity.observe(20.0, busy=True)  # 20 s each: one evaluation fits 30 s
+    capacity = lifecycle.current().capacity
+    frozen = capacity._last_update
+    capacity._clock = lambda: frozen  # the offered rate stays unmeasured: only the expected wait sheds
+    capacity.observe(30.0, busy=True)  # the first evaluation loads the models: not measured
+    assert capacity.duration is None and capacity.max_depth == math.inf
+    capacity.observe(20.0, busy=True)  # 20 s each: one evaluation fits 30 s
     gate = threading.Event()
     server.chat.push(Gate(gate))
 

@@ -10,13 +10,19 @@ O(1) reads on the caller's thread:
   weighted mean duration of evaluations that started while every slot was busy (until one
   did: of any evaluation). ``D`` is what this process sees, so it includes the time spent
   waiting for a model host shared with other processes: each process measures its own share.
+  The first :data:`WARMUP` evaluations of a process are not measured: they include loading the
+  models (the embedded host's weights, an endpoint's connection), often several times a warm
+  evaluation, and a burst arriving right after them would be shed for a slowness that is gone.
+  Until a measurement exists there is no depth bound (the queue's deadline check still applies).
 * **Fair sample.** From the offered rate ``L`` (calls submitted per second, smoothed over about
   :data:`WINDOW` seconds) the effective sample ratio is ``r = min(1, HEADROOM * capacity / L)``,
   applied as a threshold on the trace id with the rule of the ratio sampler (lower 64 bits below
   ``r * sample_ratio * 2**64``: nested in the ``sample_ratio`` sampler's own threshold), so the
   calls scored under overload stay a representative sample, and every
   service of a trace decides alike. Calls above the threshold end at once: status
-  ``capacity``, reason ``sample``.
+  ``capacity``, reason ``sample``. The threshold applies only while every slot is busy: a call
+  that can start at once waits for nothing, so a burst on a scorer with free slots is scored
+  whole (under sustained overload the slots are always busy and the threshold always applies).
 * **Expected wait.** A call is admitted only when its expected finish, ``D * max(1, (n + 1) /
   concurrency)`` for ``n`` evaluations queued or running ahead of it, fits its budget (the
   deadline it is submitted with): otherwise status ``capacity``, reason ``expected_wait``. An
@@ -48,6 +54,8 @@ ALPHA = 0.25
 HEADROOM = 1.1
 #: Share of the budget an admitted call is expected to use (room for the estimate's error).
 SAFETY = 0.9
+#: Evaluations of a process not measured: they include loading the models.
+WARMUP = 1
 
 
 class Capacity:
@@ -62,6 +70,7 @@ class Capacity:
             the admission's threshold is ``ratio * base_ratio * 2**64``, nested in it
             (consistent sampling: the admitted calls are a fair sample of the offered ones).
         clock: monotonic seconds (injectable for tests).
+        warmup: first evaluations not measured (default :data:`WARMUP`; >= 0).
 
     Attributes (read without a lock; written on the background loop):
         ratio: the effective sample ratio in [0, 1] (the share of offered calls admitted by the
@@ -71,7 +80,7 @@ class Capacity:
             admitted.
     """
 
-    def __init__(self, concurrency: int, budget: float, clock: Callable[[], float] = time.monotonic, base_ratio: float = 1.0):
+    def __init__(self, concurrency: int, budget: float, clock: Callable[[], float] = time.monotonic, base_ratio: float = 1.0, warmup: int = WARMUP):
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if not budget > 0:
@@ -80,6 +89,7 @@ class Capacity:
         self.budget = float(budget)
         self.base_ratio = min(1.0, max(0.0, float(base_ratio))) or 1.0
         self._clock = clock
+        self.warmup = max(0, int(warmup))  # evaluations still to skip
         self.duration: Optional[float] = None  # mean duration with every slot busy
         self._duration_any: Optional[float] = None  # mean duration of any evaluation
         self.offered = 0  # calls offered (incremented under the job queue's lock)
@@ -96,11 +106,12 @@ class Capacity:
         """None when a call with ``trace_id`` (0: none) may be queued behind ``depth``
         evaluations; else the reason it is shed (``sample`` or ``expected_wait``)."""
         self.offered += 1
-        if trace_id:
-            if (trace_id & _TRACE_ID_LIMIT) >= self.bound:
+        if depth >= self.concurrency:  # a call that starts at once is always taken
+            if trace_id:
+                if (trace_id & _TRACE_ID_LIMIT) >= self.bound:
+                    return "sample"
+            elif self.ratio < 1.0 and random.random() >= self.ratio:
                 return "sample"
-        elif self.ratio < 1.0 and random.random() >= self.ratio:
-            return "sample"
         if depth > 0 and depth >= self.max_depth:
             return "expected_wait"
         return None
@@ -120,7 +131,11 @@ class Capacity:
         return self.concurrency / d if d > 0 else None
 
     def observe(self, seconds: float, busy: bool) -> None:
-        """One evaluation ran for ``seconds``; ``busy``: every slot was taken when it started."""
+        """One evaluation ran for ``seconds``; ``busy``: every slot was taken when it started.
+        The first ``warmup`` calls are not measured (they include loading the models)."""
+        if self.warmup > 0:
+            self.warmup -= 1
+            return
         seconds = max(0.0, float(seconds))
         self._duration_any = seconds if self._duration_any is None else self._duration_any + ALPHA * (seconds - self._duration_any)
         if busy:
