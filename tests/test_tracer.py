@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import json
 import time
+import threading
 
 import pytest
 from opentelemetry import trace as otel_trace
@@ -15,7 +16,7 @@ import relevancy_tracer
 from relevancy_tracer import CallInfo
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.otel.results import evaluation_id
-from relevancy_tracer_testing import Hang
+from relevancy_tracer_testing import Gate, Hang
 
 from .conftest import finished_spans
 
@@ -655,6 +656,31 @@ def test_metrics_buckets_counts_and_attributes(tracing, otel, server):
     assert counts[("not_sampled", None)] >= 1 and sum(v for (status, _), v in counts.items() if status == "scored") >= 1
     assert any(p.attributes.get("span.name") == "metered" for p in points[A.METRIC_DURATION])
     assert A.METRIC_QUEUE_DEPTH in points
+
+
+def test_the_queue_depth_gauge_reads_the_current_runtime_after_configure_again(tracing, otel, server):
+    """configure() again replaces the runtime; the process-wide gauge must read the new queue
+    (it kept reading the first runtime's, shut down and empty, before)."""
+
+    tracing(concurrency=1)  # a second runtime in this process at least (the fixture made one)
+    gate = threading.Event()
+    server.chat.push(Gate(gate))
+
+    @relevancy_tracer.trace(name="depth")
+    def answer(question):
+        return ANSWER
+
+    def depth() -> int:
+        data = otel.reader.get_metrics_data()
+        return sum(p.value for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics if m.name == A.METRIC_QUEUE_DEPTH for p in m.data.data_points)
+
+    try:
+        for _ in range(3):
+            answer(QUESTION)
+        assert depth() == 3  # one running (held at the model), two queued
+    finally:
+        gate.set()
+    assert relevancy_tracer.flush(10) and depth() == 0
 
 
 def test_scorer_model_calls_are_not_app_spans(tracing, otel, server):

@@ -168,12 +168,15 @@ def shared_metrics(service_name: str, queue_depth: Callable[[], int]) -> Relevan
     """The process-wide instruments on the global MeterProvider.
 
     Created once: observable instruments cannot be registered twice, and cumulative counts
-    must survive ``configure()`` being called again.
+    must survive ``configure()`` being called again. Each call points the queue-depth gauge at
+    ``queue_depth`` (the newest runtime's queue; the previous one is shut down).
     """
     global _shared
     with _shared_lock:
         if _shared is None:
             _shared = RelevancyMetrics(service_name, queue_depth)
+        else:
+            _shared._queue_depth = queue_depth
         return _shared
 
 
