@@ -496,7 +496,7 @@ def _stop_on_signals(stop: Callable[[], None]) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import threading
 
-    from .service.app import ScoringService
+    from .service.scoring_service import ScoringService
 
     _serve_logging()
     overrides = {"phoenix_url": args.phoenix_url} if args.phoenix_url else {}
@@ -518,7 +518,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .service.app import FleetWorker
+    from .service.fleet_worker import FleetWorker
 
     _serve_logging()
     settings = _settings_from(args)
