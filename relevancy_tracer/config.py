@@ -28,6 +28,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 logger = logging.getLogger("relevancy_tracer")
@@ -548,3 +549,17 @@ def with_settings_table(text: str) -> str:
     if not start or not end:
         raise ValueError(f"no {TABLE_START.strip()} ... {TABLE_END} markers")
     return head + TABLE_START + settings_table() + "\n" + TABLE_END + tail
+
+
+def update_settings_table(path: Path, *, check: bool = False) -> bool:
+    """Whether the Markdown file ``path`` holds the current :func:`settings_table` between its
+    markers; unless ``check``, a stale table is replaced in the file (UTF-8). Raises ValueError
+    when the file lacks the markers, OSError when it cannot be read or written."""
+    text = path.read_text(encoding="utf-8")
+    updated = with_settings_table(text)
+    if updated == text:
+        return True
+    if check:
+        return False
+    path.write_text(updated, encoding="utf-8")
+    return True
