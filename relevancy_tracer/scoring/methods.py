@@ -51,7 +51,7 @@ from .. import config
 from .._background import fork as _fork
 from ..config import Settings
 from ..models.base import ModelError, Models
-from ..result import EvaluationError, Status, Usage
+from ..result import EvaluationError, MethodDetails, Status, Usage
 from . import failure, prompts, restatement
 from .parsing import CutJSON, ReplyError, ask_json, judged_score, read_flag, read_number
 
@@ -59,18 +59,12 @@ QUESTION_TOKENS = 48  # max output tokens budgeted per generated question (plus 
 
 
 @dataclass
-class MethodOutput:
-    """What a method computed; the engine adds label, usage and timing."""
+class MethodOutput(MethodDetails):
+    """What a method computed: its raw ``score`` and its details (:class:`MethodDetails`,
+    keyword-only); the engine builds the :class:`~relevancy_tracer.result.RelevancyResult`
+    from them and adds calibration, label, usage and timing."""
 
     score: float
-    generated_questions: list[str] = field(default_factory=list)
-    similarities: list[float] = field(default_factory=list)
-    noncommittal: list[bool] = field(default_factory=list)
-    components: dict[str, float] = field(default_factory=dict)
-    failed_components: dict[str, str] = field(default_factory=dict)
-    sub_questions: list[str] = field(default_factory=list)
-    sub_questions_addressed: list[bool] = field(default_factory=list)
-    intent: Optional[str] = None
 
 
 class StepCache:
