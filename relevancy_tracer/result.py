@@ -42,7 +42,8 @@ class Status:
     CANCELLED = "cancelled"  # the call was cancelled (CancelledError, GeneratorExit): not an error
 
 
-#: Seed 000's explanations, from the highest band to the lowest.
+#: The four labels and their explanations (the bands of the multi-method article "Answer
+#: Relevancy in RAG"), from the highest band to the lowest.
 LABELS = (
     ("directly_addresses", "Answer directly addresses the question"),
     ("partially_addresses", "Answer partially addresses the question"),
@@ -52,7 +53,7 @@ LABELS = (
 
 
 def label_for(score: float, thresholds: Sequence[float]) -> tuple[str, str]:
-    """(label, explanation) of ``score`` for descending ``thresholds`` (seed 000's bands).
+    """(label, explanation) of ``score`` for descending ``thresholds``.
 
     With the default thresholds (0.8, 0.6, 0.4): >= 0.8 ``directly_addresses``, >= 0.6
     ``partially_addresses``, >= 0.4 ``somewhat_related``, else ``does_not_address``.
@@ -133,7 +134,7 @@ class RelevancyResult(MethodDetails):
             one it is ``raw_score``. ``None`` for any other status: a failed evaluation has no
             score, so it can never be averaged in by mistake. Never NaN.
         raw_score: the method's own output before calibration (a mean cosine similarity for
-            ``ragas``, in [-1, 1] in theory, seeds 001/002; an expected judge rating in [0, 1];
+            ``ragas``, in [-1, 1] in theory, as RAGAS notes; an expected judge rating in [0, 1];
             a weighted mean of components). ``None`` when not scored.
         calibrated: True when ``score`` is a calibrated probability.
         evaluator_version: 12 hex digits identifying the evaluator (method, prompts, models,
