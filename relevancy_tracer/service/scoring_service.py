@@ -200,7 +200,6 @@ class ScoringService:
         invalid trace or span ids are rejected for good and counted in ``rejected_spans``. GenAI
         inference spans without content are joined with their held content events, or held
         for them (``join.py``)."""
-        s = self.settings
         spans = spans_of(request, self._max_text_chars)
         valid = [span for span in spans if span.ids_valid]
         rejected = len(spans) - len(valid)
