@@ -412,7 +412,7 @@ def baseline_records(items: list[dict]) -> list[dict]:
     return out
 
 
-#: Methods whose score is a fixed function of component scores (seed 000's combination and the
+#: Methods whose score is a fixed function of component scores (``combined``, the multi-method article's weights, and the
 #: earlier default), derived from a ``components`` pass instead of being rerun.
 SEED_WEIGHTS = {"ragas": 0.3, "direct": 0.25, "decomposition": 0.25, "intent": 0.2}
 DERIVED = {

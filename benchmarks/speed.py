@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikieval_dev.jsonl"
+DATA = Path(os.environ.get("RELEVANCY_TRACER_SHARED", Path(__file__).resolve().parents[1].parent / "shared")) / "data" / "wikieval_dev.jsonl"
 
 
 def _commit(package_dir: Path) -> str:

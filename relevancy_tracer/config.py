@@ -28,6 +28,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 logger = logging.getLogger("relevancy_tracer")
@@ -40,7 +41,8 @@ BACKENDS = ("local", "openai")
 ATTACH_MODES = ("answer_span", "evaluation_span")
 RESPONSE_FORMATS = ("json_object", "json_schema", "none")
 
-#: Seed 000's label thresholds: >= 0.8 directly addresses, >= 0.6 partially, >= 0.4 somewhat.
+#: The label bands of the multi-method article "Answer Relevancy in RAG": >= 0.8 directly
+#: addresses, >= 0.6 partially, >= 0.4 somewhat related.
 #: Used on raw (uncalibrated) scores.
 DEFAULT_THRESHOLDS = (0.8, 0.6, 0.4)
 #: The former label thresholds on calibrated probabilities, kept for the quality benchmark's
@@ -52,7 +54,8 @@ PROBABILITY_THRESHOLDS = (0.5, 0.3, 0.15)
 #: ``partially_addresses``, >= -4 ``somewhat_related``. Chosen on the development sets' fit
 #: subsets (docs/calibration.md); used when the ``thresholds`` setting is unset.
 EVIDENCE_THRESHOLDS = (0.0, -0.5, -4.0)
-#: Seed 000's combination weights (reverse-question, direct, decomposition, intent).
+#: The ``combined`` method's weights, from the multi-method article "Answer Relevancy in RAG"
+#: (reverse-question, direct, decomposition, intent).
 DEFAULT_COMBINED_WEIGHTS = (("ragas", 0.3), ("direct", 0.25), ("decomposition", 0.25), ("intent", 0.2))
 
 #: Largest 32-bit signed int: gRPC's channel options (message sizes, milliseconds) are C ints.
@@ -364,12 +367,12 @@ class Settings:
     local_host_idle_timeout: float = setting(60.0, "float", "s", "The model host exits this long after its last client process has gone.", float, _check_number(0.0, 86400.0), models=True, normalise=_as_float)
     method: str = setting("ragas_judge_intent", lambda: "|".join(_METHODS), "", "Relevancy method (see docs/methods.md).", str, _check_method, evaluator="raw", per_call=True)
     strictness: int = setting(3, "int", "", "N: questions generated from each answer (RAGAS strictness).", int, _check_number(1, 10, integer=True), evaluator="raw", per_call=True)
-    noncommittal: str = setting("per_question", "|".join(NONCOMMITTAL_RULES), "", "Noncommittal rule: `all` zeroes the score only when every generation is noncommittal (RAGAS today), `any` when one is (RAGAS 0.1), `per_question` multiplies each similarity by its own committal flag (seed 003).", str, _check_choice(NONCOMMITTAL_RULES), evaluator="raw", per_call=True)
+    noncommittal: str = setting("per_question", "|".join(NONCOMMITTAL_RULES), "", "Noncommittal rule: `all` zeroes the score only when every generation is noncommittal (RAGAS today), `any` when one is (RAGAS 0.1), `per_question` multiplies each similarity by its own committal flag (a sufficiency flag per generated question).", str, _check_choice(NONCOMMITTAL_RULES), evaluator="raw", per_call=True)
     generation: str = setting("joint", "|".join(GENERATION_MODES), "", "`joint`: one chat request returns all N questions; `independent`: N requests, as RAGAS.", str, _check_choice(GENERATION_MODES), evaluator="raw", per_call=True)
     thresholds: Optional[tuple[float, float, float]] = setting(None, "3 floats", "", "Label thresholds on the reported score, descending: directly addresses / partially / somewhat related. Unset: calibrated scores are labelled from their evidence (log likelihood ratio >= 0 / -0.5 / -4, the same under any prior; docs/calibration.md), raw scores at 0.8,0.6,0.4.", _parse_floats, _check_thresholds_optional, default_doc="auto", normalise=_as_tuple, evaluator="version", per_call=True)
     calibration: str = setting("auto", "auto | none | path", "", "Maps the method's raw score to the probability that a person judges the answer as addressing the question. `auto`: the calibration shipped for the configured method and models, when there is one; `none`: report raw scores; a path: a JSON file written by `relevancy-tracer calibrate`.", str, _check_calibration, evaluator="version", per_call=True)
     relevancy_prior: Optional[float] = setting(None, "float in (0, 1)", "share", "The share of answers a person would judge relevant in the traffic being scored: the prior of the calibrated score, `relevancy.score = sigmoid(log LR + logit(prior))` (docs/calibration.md). Unset: the calibration's stated prior (0.8 for the shipped ones). Labels do not depend on it.", _parse_optional_float, _check_prior, default_doc="the calibration's (0.8)", normalise=_as_float, evaluator="version", per_call=True)
-    combined_weights: tuple[tuple[str, float], ...] = setting(DEFAULT_COMBINED_WEIGHTS, "method=weight,...", "", "Weights of the `combined` method (seed 000: ragas 0.3, direct 0.25, decomposition 0.25, intent 0.2).", _parse_weights, _check_weights, normalise=_as_pairs, evaluator="method", per_call=True)
+    combined_weights: tuple[tuple[str, float], ...] = setting(DEFAULT_COMBINED_WEIGHTS, "method=weight,...", "", "Weights of the `combined` method (default from the multi-method article \"Answer Relevancy in RAG\": ragas 0.3, direct 0.25, decomposition 0.25, intent 0.2).", _parse_weights, _check_weights, normalise=_as_pairs, evaluator="method", per_call=True)
     max_answer_chars: int = setting(6000, "int", "characters", "Answers longer than this are truncated before scoring (recorded as `truncated`).", int, _check_number(16, integer=True), evaluator="raw", per_call=True)
     max_question_chars: int = setting(2000, "int", "characters", "Questions longer than this are truncated before scoring.", int, _check_number(16, integer=True), evaluator="raw", per_call=True)
     concurrency: int = setting(4, "int", "", "Evaluations in flight at once (worker and `evaluate`). 4 matches the embedded model's batch of 4 sequences: the batching measurement gave 3.9-4.2 s per evaluation at 4 against 4.42 at 2 (docs/quality.md, Speed).", int, _check_number(1, 1024, integer=True))
@@ -548,3 +551,17 @@ def with_settings_table(text: str) -> str:
     if not start or not end:
         raise ValueError(f"no {TABLE_START.strip()} ... {TABLE_END} markers")
     return head + TABLE_START + settings_table() + "\n" + TABLE_END + tail
+
+
+def update_settings_table(path: Path, *, check: bool = False) -> bool:
+    """Whether the Markdown file ``path`` holds the current :func:`settings_table` between its
+    markers; unless ``check``, a stale table is replaced in the file (UTF-8). Raises ValueError
+    when the file lacks the markers, OSError when it cannot be read or written."""
+    text = path.read_text(encoding="utf-8")
+    updated = with_settings_table(text)
+    if updated == text:
+        return True
+    if check:
+        return False
+    path.write_text(updated, encoding="utf-8")
+    return True

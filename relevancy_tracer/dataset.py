@@ -1,8 +1,8 @@
 """Datasets for batch scoring: column mapping, and JSONL / CSV / Parquet input and output.
 
-Column mapping follows seed 004 (validmind's RAGAS wrapper): by default the columns
-``question``/``answer``/``contexts`` or the RAGAS names ``user_input``/``response``/
-``retrieved_contexts`` are used; a column can instead be named explicitly, given as a dotted path
+Column mapping: by default the columns ``question``/``answer``/``contexts`` or the names of
+RAGAS's ``ResponseRelevancy`` (``user_input``/``response``/``retrieved_contexts``, as wrappers
+of it such as ValidMind's use them) are used; a column can instead be named explicitly, given as a dotted path
 into nested JSON (``prediction.generated_answer``, ``messages.0.content``), or given as a
 callable ``fn(row) -> value``.
 """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional, Sequence
 
 
@@ -42,7 +42,8 @@ class Status:
     CANCELLED = "cancelled"  # the call was cancelled (CancelledError, GeneratorExit): not an error
 
 
-#: Seed 000's explanations, from the highest band to the lowest.
+#: The four labels and their explanations (the bands of the multi-method article "Answer
+#: Relevancy in RAG"), from the highest band to the lowest.
 LABELS = (
     ("directly_addresses", "Answer directly addresses the question"),
     ("partially_addresses", "Answer partially addresses the question"),
@@ -52,7 +53,7 @@ LABELS = (
 
 
 def label_for(score: float, thresholds: Sequence[float]) -> tuple[str, str]:
-    """(label, explanation) of ``score`` for descending ``thresholds`` (seed 000's bands).
+    """(label, explanation) of ``score`` for descending ``thresholds``.
 
     With the default thresholds (0.8, 0.6, 0.4): >= 0.8 ``directly_addresses``, >= 0.6
     ``partially_addresses``, >= 0.4 ``somewhat_related``, else ``does_not_address``.
@@ -88,9 +89,43 @@ class Usage:
         self.embedding_calls += embedding_calls
 
 
+@dataclass(kw_only=True)
+class MethodDetails:
+    """What a relevancy method found besides its score: the fields a method fills in
+    (:class:`~relevancy_tracer.scoring.methods.MethodOutput`) and the result carries unchanged
+    (:class:`RelevancyResult`). Each is declared here only.
+
+    Attributes:
+        generated_questions: the N questions reverse-generated from the answer (may be empty
+            for methods that do not generate them).
+        similarities: cosine similarity (or LLM-rated similarity for ``llm_similarity``) of each
+            generated question to the original, in generation order.
+        noncommittal: one flag per generated question, True for an evasive or vague answer.
+        components: score of each component method (``combined`` and composite defaults).
+        failed_components: component name -> failure status, for components that failed.
+        sub_questions, sub_questions_addressed: the ``decomposition`` method's details.
+        intent: the ``intent`` method's statement of the question's intent.
+    """
+
+    generated_questions: list[str] = field(default_factory=list)
+    similarities: list[float] = field(default_factory=list)
+    noncommittal: list[bool] = field(default_factory=list)
+    components: dict[str, float] = field(default_factory=dict)
+    failed_components: dict[str, str] = field(default_factory=dict)
+    sub_questions: list[str] = field(default_factory=list)
+    sub_questions_addressed: list[bool] = field(default_factory=list)
+    intent: Optional[str] = None
+
+    def details(self) -> dict[str, Any]:
+        """The :class:`MethodDetails` fields of this object by name (the values themselves, not
+        copies): what a :class:`RelevancyResult` is built with from a method's output."""
+        return {f.name: getattr(self, f.name) for f in fields(MethodDetails)}
+
+
 @dataclass
-class RelevancyResult:
-    """The answer-relevancy result of one (question, answer) pair.
+class RelevancyResult(MethodDetails):
+    """The answer-relevancy result of one (question, answer) pair: the method's details
+    (:class:`MethodDetails`, keyword-only) and what the engine adds.
 
     Attributes:
         score: float in [0, 1], finite, when ``status == "scored"``. With a calibration
@@ -99,7 +134,7 @@ class RelevancyResult:
             one it is ``raw_score``. ``None`` for any other status: a failed evaluation has no
             score, so it can never be averaged in by mistake. Never NaN.
         raw_score: the method's own output before calibration (a mean cosine similarity for
-            ``ragas``, in [-1, 1] in theory, seeds 001/002; an expected judge rating in [0, 1];
+            ``ragas``, in [-1, 1] in theory, as RAGAS notes; an expected judge rating in [0, 1];
             a weighted mean of components). ``None`` when not scored.
         calibrated: True when ``score`` is a calibrated probability.
         evaluator_version: 12 hex digits identifying the evaluator (method, prompts, models,
@@ -118,15 +153,8 @@ class RelevancyResult:
             unscored answer.
         method: the method that produced the score (``ragas``, ``direct``, ... ``combined``).
         status: ``scored`` or a named failure (:class:`Status`); ``error``: its message.
-        generated_questions: the N questions reverse-generated from the answer (may be empty
-            for methods that do not generate them).
-        similarities: cosine similarity (or LLM-rated similarity for ``llm_similarity``) of each
-            generated question to the original, in generation order.
-        noncommittal: one flag per generated question, True for an evasive or vague answer.
-        components: score of each component method (``combined`` and composite defaults).
-        failed_components: component name -> failure status, for components that failed.
-        sub_questions, sub_questions_addressed: the ``decomposition`` method's details.
-        intent: the ``intent`` method's statement of the question's intent.
+        generated_questions, similarities, noncommittal, components, failed_components,
+            sub_questions, sub_questions_addressed, intent: see :class:`MethodDetails`.
         strictness: N. llm_model / embedding_model: model names used.
         input_tokens, output_tokens: LLM tokens of this evaluation; llm_calls: chat requests.
         latency_ms: wall-clock duration of the evaluation, in milliseconds.
@@ -147,14 +175,6 @@ class RelevancyResult:
     evidence: Optional[float] = None
     prior: Optional[float] = None
     failure_kind: Optional[str] = None
-    generated_questions: list[str] = field(default_factory=list)
-    similarities: list[float] = field(default_factory=list)
-    noncommittal: list[bool] = field(default_factory=list)
-    components: dict[str, float] = field(default_factory=dict)
-    failed_components: dict[str, str] = field(default_factory=dict)
-    sub_questions: list[str] = field(default_factory=list)
-    sub_questions_addressed: list[bool] = field(default_factory=list)
-    intent: Optional[str] = None
     strictness: int = 0
     llm_model: Optional[str] = None
     embedding_model: Optional[str] = None
@@ -182,12 +202,16 @@ class RelevancyResult:
         return self.status == Status.SCORED
 
     def to_dict(self, include_inputs: bool = False) -> dict[str, Any]:
-        """A JSON-serialisable dict; inputs (question/answer/contexts) only on request."""
+        """A JSON-serialisable dict; inputs (question/answer/contexts) only on request. Keys in
+        order: the result's own fields, then the method's details, then the inputs."""
         data = asdict(self)
-        if not include_inputs:
-            for key in ("question", "answer", "contexts"):
-                data.pop(key, None)
-        return data
+        inputs = ("question", "answer", "contexts")
+        details = self.details()
+        ordered = {k: v for k, v in data.items() if k not in details and k not in inputs}
+        ordered.update((k, data[k]) for k in details)
+        if include_inputs:
+            ordered.update((k, data[k]) for k in inputs)
+        return ordered
 
     def without_content(self) -> "RelevancyResult":
         """A copy with every text taken from, or generated about, the user's question and answer

@@ -491,3 +491,20 @@ def test_output_equal_to_the_file_standard_input_comes_from_is_refused(server, t
         proc = subprocess.run([sys.executable, "-m", "relevancy_tracer.cli", "score", "-", "-o", str(data), "--no-progress"], env=cli_env(server), stdin=stdin, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "is the input file" in proc.stderr, proc.stderr
     assert data.read_bytes() == before and server.requests == []
+
+
+def test_the_command_docstring_and_the_architecture_page_name_every_command():
+    """cli.py's docstring (what ``pydoc relevancy_tracer.cli`` shows) and the architecture
+    page's row of cli.py list every subcommand the parser has (before: 3 of 7)."""
+    import argparse
+
+    from relevancy_tracer import cli
+
+    from .conftest import ROOT
+
+    parser = cli.build_parser()
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices
+    assert len(commands) == 7
+    assert [name for name in commands if f"``{name}" not in (cli.__doc__ or "")] == []
+    row = next(line for line in (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").splitlines() if "`cli.py`" in line and line.startswith("|"))
+    assert [name for name in commands if f"`{name}`" not in row] == []

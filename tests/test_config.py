@@ -209,7 +209,7 @@ def test_configure_never_raises_for_a_huge_integer_in_the_environment(tracing, m
 def test_every_receiver_setting_the_validator_accepts_starts_the_servers(monkeypatch):
     """Issue 35, item 8: the largest values the settings accept are values grpcio and aiohttp
     take (gRPC's options are 32-bit); one past them is refused with a warning, not a crash."""
-    from relevancy_tracer.service.app import ScoringService
+    from relevancy_tracer.service import ScoringService
 
     for name in ("TRACES", "LOGS", "METRICS"):
         monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")

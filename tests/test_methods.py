@@ -396,6 +396,44 @@ def test_a_method_is_one_registry_entry(server, registered):
     assert same_run_other_prompts.score == result.score and same_run_other_prompts.evaluator_version != result.evaluator_version
 
 
+def test_every_detail_a_method_reports_reaches_the_result(server, registered):
+    """A method's details are declared once (MethodDetails) and carried to the result as they
+    are: every field set by a method is on the RelevancyResult and in its to_dict, between the
+    result's own fields and the inputs."""
+    import dataclasses
+
+    from relevancy_tracer.result import MethodDetails, RelevancyResult
+    from relevancy_tracer.scoring.methods import Method, MethodOutput
+
+    names = [f.name for f in dataclasses.fields(MethodDetails)]
+    assert set(names) <= {f.name for f in dataclasses.fields(MethodOutput)} and set(names) <= {f.name for f in dataclasses.fields(RelevancyResult)}
+    reported = {
+        "generated_questions": ["Why not?"],
+        "similarities": [0.25],
+        "noncommittal": [True],
+        "components": {"a": 0.5, "b": 0.25},
+        "failed_components": {"c": Status.INVALID_JSON},
+        "sub_questions": ["Why?", "How?"],
+        "sub_questions_addressed": [True, False],
+        "intent": "the reason",
+    }
+    assert sorted(reported) == sorted(names)  # a new detail field is added to this test too
+
+    async def everything(ctx):
+        return MethodOutput(score=0.5, **reported)
+
+    registered(Method("everything", everything, lambda s: ["EVERYTHING"]))
+    result = engine_for(server, method="everything", calibration="none").score("Why?", "Because.")
+    assert result.status == Status.SCORED and result.raw_score == 0.5
+    assert {name: getattr(result, name) for name in names} == reported
+    keys = list(result.to_dict(include_inputs=True))
+    assert keys[: keys.index(names[0])] == ["score", "label", "explanation", "status", "method", "error", "raw_score", "calibrated", "evaluator_version", "evidence", "prior", "failure_kind", "strictness", "llm_model", "embedding_model", "input_tokens", "output_tokens", "llm_calls", "latency_ms", "truncated"]
+    assert keys[keys.index(names[0]) :] == names + ["question", "answer", "contexts"]
+    assert list(result.to_dict()) == keys[:-3]
+    plain = engine_for(server, method="everything", calibration="none").score("Why?", "Because.", method="direct")
+    assert plain.components == {"direct": plain.raw_score}  # a single method's own score is its component
+
+
 def test_a_method_has_a_run_and_prompts_or_weights():
     from relevancy_tracer.scoring.methods import Method, direct
 

@@ -2,7 +2,7 @@
 
 Used by the tracer (one evaluation per sampled call) and by ``relevancy-tracer serve`` in its
 in-process mode. (A *fleet worker*, ``relevancy-tracer worker``, is a process reading the Redis
-Stream: :class:`~relevancy_tracer.service.app.FleetWorker`, not this.)
+Stream: :class:`~relevancy_tracer.service.fleet_worker.FleetWorker`, not this.)
 
 Modelled on the OpenTelemetry SDK's BatchProcessor (bounded queue, daemon thread, fork handling)
 and sentry-python's transport worker (submit / flush / kill, losses counted by reason):

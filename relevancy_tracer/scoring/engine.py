@@ -239,6 +239,8 @@ class Engine:
             calibration, thresholds, version = self.identity(settings, models)
             on_evidence = labels_on_evidence(settings, calibration is not None)
             reported, evidence, prior, label, explanation, kind = interpret(raw, calibration, thresholds, on_evidence, settings.relevancy_prior, output.components, output.similarities, output.noncommittal)
+            details = output.details()  # the method's details, carried as they are
+            details["components"] = output.components or {settings.method: raw}
             result = RelevancyResult(
                 score=reported,
                 raw_score=raw,
@@ -251,14 +253,7 @@ class Engine:
                 failure_kind=kind,
                 status=Status.SCORED,
                 method=settings.method,
-                generated_questions=output.generated_questions,
-                similarities=output.similarities,
-                noncommittal=output.noncommittal,
-                components=output.components or {settings.method: float(output.score)},
-                failed_components=output.failed_components,
-                sub_questions=output.sub_questions,
-                sub_questions_addressed=output.sub_questions_addressed,
-                intent=output.intent,
+                **details,
             )
         except asyncio.CancelledError:
             raise

@@ -67,7 +67,8 @@ def identity_key(settings: Settings, llm_name: str, embedding_name: Optional[str
 def thresholds_for(settings: Settings, calibrated: bool) -> tuple[float, float, float]:
     """The label thresholds in use: the setting (on the reported score), else
     :data:`~relevancy_tracer.config.EVIDENCE_THRESHOLDS` on a calibrated score's evidence, else
-    seed 000's on the raw score (see :func:`labels_on_evidence`)."""
+    :data:`~relevancy_tracer.config.DEFAULT_THRESHOLDS` on the raw score (see
+    :func:`labels_on_evidence`)."""
     if settings.thresholds is not None:
         return tuple(settings.thresholds)  # type: ignore[return-value]
     return EVIDENCE_THRESHOLDS if calibrated else DEFAULT_THRESHOLDS

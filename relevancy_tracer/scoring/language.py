@@ -1,6 +1,7 @@
 """Which language to ask generated questions in.
 
-Seed 003 requires questions in the answer's language (a Chinese answer gets Chinese questions).
+Generated questions are asked for in the answer's language: a Chinese answer gets Chinese
+questions, to be compared with a Chinese question.
 Small local models ignore "use the answer's language" and follow the instruction's language
 (English), but they follow an explicit name. So the answer's script is detected by Unicode range
 and the language is named in the prompt; Latin-script answers keep the generic rule.

@@ -1,4 +1,6 @@
-"""The relevancy methods: RAGAS answer relevancy and seed 000's alternatives, and their combination.
+"""The relevancy methods: RAGAS answer relevancy (Es et al. 2023), the alternatives of the
+multi-method article "Answer Relevancy in RAG: Does the Response Address the Question?", and
+their combinations.
 
 Each method is one :class:`Method` entry in :data:`METHODS` (its run, components, fingerprint
 prompts and calibration files). Scoring raises :class:`~relevancy_tracer.result.EvaluationError`
@@ -9,17 +11,17 @@ into results.
 method             score                                                   LLM calls
 =================  ======================================================  ================
 ``ragas``          mean cosine(E(generated_i), E(question)) under the      1 (joint) or N
-                   noncommittal rule (RAGAS; seeds 001, 002, 004, 003)     + 1 embeddings
+                   noncommittal rule (RAGAS)                               + 1 embeddings
 ``llm_similarity`` mean LLM-rated similarity of generated_i to the          2 (joint)
-                   question on seed 000's 0/0.25/0.5/0.75/1 scale
+                   question on the article's 0/0.25/0.5/0.75/1 scale
 ``direct``         LLM rating 1-5 (expected value) of how well the answer  1
-                   addresses the question (seed 000)
+                   addresses the question (the article)
 ``decomposition``  share of the question's sub-questions the answer        1 (+1 per new
-                   addresses (seed 000)                                    question, cached)
+                   addresses (the article)                                 question, cached)
 ``intent``         LLM rating 1-5 (expected value) of how well the answer  1 (+1 per new
-                   fulfils the question's stated intent (seed 000)         question, cached)
+                   fulfils the question's stated intent (the article)      question, cached)
 ``combined``       weighted mean of components, weights renormalised over  sum of components
-                   the ones that succeeded (seed 000: 0.3/0.25/0.25/0.2)
+                   the ones that succeeded (the article's 0.3/.25/.25/.2)
 ``ragas_intent``   0.2 ragas + 0.8 intent (the default before 0.3; see     2 (+1 per new
                    ``RAGAS_INTENT_WEIGHTS``)                               question, cached)
 ``ragas_judge``    a 1-5 judgement asked as the second turn of the RAGAS   2 (one KV-shared
@@ -51,7 +53,7 @@ from .. import config
 from .._background import fork as _fork
 from ..config import Settings
 from ..models.base import ModelError, Models
-from ..result import EvaluationError, Status, Usage
+from ..result import EvaluationError, MethodDetails, Status, Usage
 from . import failure, prompts, restatement
 from .parsing import CutJSON, ReplyError, ask_json, judged_score, read_flag, read_number
 
@@ -59,18 +61,12 @@ QUESTION_TOKENS = 48  # max output tokens budgeted per generated question (plus 
 
 
 @dataclass
-class MethodOutput:
-    """What a method computed; the engine adds label, usage and timing."""
+class MethodOutput(MethodDetails):
+    """What a method computed: its raw ``score`` and its details (:class:`MethodDetails`,
+    keyword-only); the engine builds the :class:`~relevancy_tracer.result.RelevancyResult`
+    from them and adds calibration, label, usage and timing."""
 
     score: float
-    generated_questions: list[str] = field(default_factory=list)
-    similarities: list[float] = field(default_factory=list)
-    noncommittal: list[bool] = field(default_factory=list)
-    components: dict[str, float] = field(default_factory=dict)
-    failed_components: dict[str, str] = field(default_factory=dict)
-    sub_questions: list[str] = field(default_factory=list)
-    sub_questions_addressed: list[bool] = field(default_factory=list)
-    intent: Optional[str] = None
 
 
 class StepCache:
@@ -362,7 +358,8 @@ def apply_noncommittal(similarities: np.ndarray, noncommittal: list[bool], rule:
 
     ``all`` (RAGAS >= 0.2): 0 when every generation is noncommittal, else the mean;
     ``any`` (RAGAS 0.1): 0 when any generation is noncommittal, else the mean;
-    ``per_question`` (seed 003): mean of similarity_i * (1 - noncommittal_i).
+    ``per_question`` (a sufficiency flag per generated question, as in Peng Xia's Chinese
+    walk-through of RAGAS): mean of similarity_i * (1 - noncommittal_i).
     """
     sims = np.asarray(similarities, dtype=np.float64)
     flags = np.asarray(noncommittal, dtype=bool)
@@ -377,7 +374,7 @@ def apply_noncommittal(similarities: np.ndarray, noncommittal: list[bool], rule:
 
 
 async def ragas(ctx: EvalContext) -> MethodOutput:
-    """RAGAS answer relevancy: mean cosine similarity of reverse-generated questions (seeds 001/002/004)."""
+    """RAGAS answer relevancy: mean cosine similarity of reverse-generated questions (Es et al. 2023)."""
     questions, flags = await _questions(ctx)
     sims = await embedding_similarities(ctx, questions)
     score = apply_noncommittal(sims, flags, ctx.settings.noncommittal)
@@ -385,7 +382,7 @@ async def ragas(ctx: EvalContext) -> MethodOutput:
 
 
 async def llm_similarity(ctx: EvalContext) -> MethodOutput:
-    """Reverse-generated questions rated for similarity by the LLM on seed 000's scale."""
+    """Reverse-generated questions rated for similarity by the LLM on the multi-method article's scale."""
     questions, flags = await _questions(ctx)
     n = len(questions)
 
@@ -401,12 +398,12 @@ async def llm_similarity(ctx: EvalContext) -> MethodOutput:
 
 
 async def direct(ctx: EvalContext) -> MethodOutput:
-    """The LLM rates how well the answer addresses the question (seed 000), 1-5 -> [0, 1]."""
+    """The LLM rates how well the answer addresses the question, 1-5 -> [0, 1] (the multi-method article's direct scoring)."""
     return MethodOutput(score=await ctx.ask_score(prompts.direct_score(ctx.question, ctx.answer)))
 
 
 async def decomposition(ctx: EvalContext) -> MethodOutput:
-    """Share of the question's sub-questions (information needs) the answer addresses (seed 000)."""
+    """Share of the question's sub-questions (information needs) the answer addresses (the multi-method article's decomposition)."""
 
     def validate_subs(data: Any) -> tuple[str, ...]:
         items = data.get("sub_questions") if isinstance(data, dict) else data
@@ -431,7 +428,7 @@ async def decomposition(ctx: EvalContext) -> MethodOutput:
 
 
 async def intent(ctx: EvalContext) -> MethodOutput:
-    """The question's intent is stated, then the answer's fulfilment of it is scored (seed 000)."""
+    """The question's intent is stated, then the answer's fulfilment of it is scored (the multi-method article's intent match)."""
 
     def validate_intent(data: Any) -> str:
         text = data.get("intent") if isinstance(data, dict) else None
@@ -506,7 +503,7 @@ def ragas_judge_raw(judge: float, answer_similarity: float, ragas: float, residu
 
 
 async def judge_after_questions(ctx: EvalContext) -> float:
-    """Seed 000's direct judgement, asked as a second turn after the RAGAS question generation:
+    """The ``direct`` judgement, asked as a second turn after the RAGAS question generation:
     the model has just restated what the answer answers, then rates 1-5 how well it addresses
     the user's question (expected value over the digits, G-Eval). One more request, whose prompt
     is the first turn plus the question (a KV-cache hit for local models and servers with
@@ -558,7 +555,7 @@ async def ragas_judge(ctx: EvalContext) -> MethodOutput:
 #: ``raw = (judges + min(topical, cap)) / (1 + cap)`` with ``judges = 0.25 * judge + 0.75 *
 #: intent`` (renormalised over the judges that succeeded) and ``topical = min(max(
 #: answer_similarity, ragas), cap * ramp(novelty))``, the ramp 0 at ``novelty_ramp[0]`` and
-#: below, 1 at ``novelty_ramp[1]`` and above. The intent judge (seed 000) sees the question
+#: below, 1 at ``novelty_ramp[1]`` and above. The intent judge (the ``intent`` method) sees the question
 #: and answer without the generated questions, which for an answer that restates the
 #: question are the question itself; it ranks padded and short Wikipedia-style answers where
 #: the second-turn judge does not, and its weakness, restated questions (it rates an echo as
@@ -605,7 +602,7 @@ def ragas_judge_intent_raw(judges: dict[str, float], answer_similarity: float, r
 
 async def ragas_judge_intent(ctx: EvalContext) -> MethodOutput:
     """The default: ``ragas_judge``'s conversation (RAGAS reverse-generated questions, then the
-    1-5 judgement of how well the answer addresses the question), seed 000's intent judgement
+    1-5 judgement of how well the answer addresses the question), the ``intent`` method's judgement
     (the question's intent stated, cached per question, then the answer's fulfilment of it
     rated 1-5) run beside it, and the answer's topicality up to what it adds beyond the
     question; combined by :func:`ragas_judge_intent_raw`. Three chat requests per evaluation

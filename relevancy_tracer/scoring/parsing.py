@@ -126,7 +126,7 @@ def read_number(value: Any, low: float, high: float) -> float:
 
     Anything else, e.g. "N/A", "high", two numbers, or an out-of-range value, raises
     :class:`ReplyError` with status ``unreadable_score``: an unreadable score is a named
-    failure, never a silent 0.5 (the fallback of seed 000's sketch).
+    failure, never a silent 0.5 (the fallback of the sketch in the article "Answer Relevancy in RAG").
     """
     number: Optional[float] = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):

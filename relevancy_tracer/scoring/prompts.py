@@ -9,9 +9,11 @@ Layout shared by all prompts:
   evaluates once;
 * user text is escaped so it cannot close its block (``</answer>`` -> ``<\\/answer>``).
 
-Sources: the RAGAS question-generation prompt and its two examples (ragas ``ResponseRelevancy``,
-seeds 001/002/004); seed 003's per-question sufficiency flag and its language rule; seed 000's
-similarity scale, direct scoring criteria, decomposition and intent prompts.
+Sources: the RAGAS question-generation prompt and its two examples (RAGAS ``ResponseRelevancy``,
+Es et al. 2023); the per-question sufficiency flag and questions in the answer's language of
+Peng Xia's Chinese walk-through of RAGAS answer relevance; the similarity scale, direct scoring
+criteria, decomposition and intent prompts of the multi-method article "Answer Relevancy in
+RAG: Does the Response Address the Question?"; ratings on 1-5 read as G-Eval expected values.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ def joint_questions(answer: str, n: int) -> list[dict]:
     """One request for all N questions (``generation="joint"``): ``questions_system(n)``, then
     the answer, the task reminder and the language rule.
 
-    RAGAS's task and noncommittal definition; seed 003's language rule, with the language
+    RAGAS's task and noncommittal definition; questions in the answer's language, the language
     named (see ``language.py``). No worked examples: a 1.5B model copies their content.
     """
     return [
@@ -153,7 +155,7 @@ def single_question(answer: str) -> list[dict]:
 
 def judge_turn(conversation: list[dict], question: str) -> list[dict]:
     """The ``ragas_judge`` judgement: the question-generation exchange, then the user's actual
-    question and seed 000's direct rating criteria, on a 1-5 scale (read as an expected value).
+    question and the ``direct`` method's rating criteria, on a 1-5 scale (read as an expected value).
 
     The criteria are in the system message of a ``joint_questions`` conversation; after another
     first turn (``single_question``) they are stated here."""
@@ -180,7 +182,7 @@ def similarity_schema(n: int) -> dict:
 
 
 def similarity_ratings(question: str, generated: Sequence[str]) -> list[dict]:
-    """Seed 000's similarity scale, all generated questions rated in one request."""
+    """The ``llm_similarity`` scale (0 / 0.25 / 0.5 / 0.75 / 1), all generated questions rated in one request."""
     listing = "\n".join(f"{i + 1}. {_escape(q)}" for i, q in enumerate(generated))
     return _messages(
         "Original question:\n"
@@ -206,7 +208,7 @@ SCORE_SCHEMA: dict = {
 
 
 def direct_score(question: str, answer: str) -> list[dict]:
-    """Seed 000's direct relevancy scoring (does it address what was asked, is it relevant, are
+    """Direct relevancy scoring (does it address what was asked, is it relevant, are
     parts left unanswered), on a 1-5 scale read as an expected value (see ``judged_score``)."""
     return _messages(
         answer_block(answer)
@@ -235,7 +237,7 @@ DECOMPOSE_SCHEMA: dict = {
 
 
 def decompose(question: str) -> list[dict]:
-    """Seed 000: break the question into the pieces of information the asker wants."""
+    """Decomposition: break the question into the pieces of information the asker wants."""
     return _messages(
         "Question to analyse:\n"
         + question_block(question)
@@ -255,7 +257,7 @@ def coverage_schema(n: int) -> dict:
 
 
 def coverage(answer: str, sub_questions: Sequence[str]) -> list[dict]:
-    """Seed 000: is each sub-question addressed by the answer (all checked in one request)?"""
+    """Decomposition: is each sub-question addressed by the answer (all checked in one request)?"""
     listing = "\n".join(f"{i + 1}. {_escape(q)}" for i, q in enumerate(sub_questions))
     return _messages(
         answer_block(answer)
@@ -276,7 +278,7 @@ INTENT_SCHEMA: dict = {
 
 
 def intent(question: str) -> list[dict]:
-    """Seed 000: the intent of the question in one sentence, naming each fact it asks for.
+    """Intent: the intent of the question in one sentence, naming each fact it asks for.
 
     The worked example is about an unrelated question so it cannot be copied. Without it the
     local 1.5B model answered ``{"intent": "information"}`` for every WikiEval question.
@@ -292,7 +294,7 @@ def intent(question: str) -> list[dict]:
 
 
 def fulfilment(question: str, answer: str, stated_intent: str) -> list[dict]:
-    """Seed 000: how well does the answer fulfil the stated intent (1-5, read as an expected value)?"""
+    """Intent: how well does the answer fulfil the stated intent (1-5, read as an expected value)?"""
     return _messages(
         answer_block(answer)
         + "Question:\n"

@@ -8,7 +8,8 @@ Phoenix. Results are written as OpenInference EVALUATOR spans, ``gen_ai.evaluati
 records, metrics and, optionally, Phoenix span annotations.
 """
 
-from .app import FleetWorker, ScoringService
+from .fleet_worker import FleetWorker
+from .scoring_service import ScoringService
 from .backfill import Backfill, BackfillReport, backfill
 from .selection import Selection
 

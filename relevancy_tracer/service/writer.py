@@ -54,6 +54,12 @@ class Scorer:
         self.telemetry = telemetry
         self.phoenix = phoenix
 
+    @classmethod
+    def for_settings(cls, settings: Settings, telemetry: ServiceTelemetry) -> "Scorer":
+        """A scorer for ``settings``, writing Phoenix annotations when ``phoenix_url`` is set
+        (what ``serve`` in process and every fleet worker use)."""
+        return cls(settings, telemetry, PhoenixClient(settings.phoenix_url) if settings.phoenix_url else None)
+
     async def score(self, request: ScoreRequest) -> RelevancyResult:
         """Score one request (never raises for model failures: the result says what failed)."""
         with suppressed_instrumentation():
