@@ -1,0 +1,508 @@
+"""The benchmark figures of the documentation, rendered from ``benchmarks/results/*.json``.
+
+Every number in README.md, docs/*.md and benchmarks/README.md that a benchmark produced sits
+between marker comments (invisible on the site and on GitHub) and is rewritten from the results
+file that holds it, so a rerun of a benchmark updates the docs and a stale figure fails
+``tests/test_figures.py``::
+
+    python -m benchmarks.figures --check          # exit 1 when a figure differs from its results file
+    python -m benchmarks.figures --write          # rewrite every figure (after a benchmark's rerun)
+
+Markers (the spec is split like a shell line, so a key with spaces is quoted):
+
+* a figure: ``<!-- fig FILE:KEY.PATH [FORMAT] [ci] -->0.028 [0.022, 0.052]<!-- /fig -->``.
+  ``FILE`` is a results file's stem (``production_mix`` for ``benchmarks/results/production_mix.json``;
+  ``.json.gz`` too), ``KEY.PATH`` the keys (or list indices) into it, joined by dots.
+  ``FORMAT`` is a Python format spec (``.2f``, ``.0%``, ``,``; default ``str(value)``); ``ci``
+  appends `` [low, high]`` from the sibling key ``<last key>_ci`` (or ``ci``) in the same format.
+  A figure never starts a line: Markdown would read the comment as an HTML block.
+* a derived figure: ``<!-- fig =NAME [FORMAT] -->2.0<!-- /fig -->``: :data:`DERIVED`'s function
+  ``NAME`` (a ratio of two results, a mean over a file's rows) computes it from the results.
+* a table: ``<!-- fig-table NAME -->`` and ``<!-- /fig-table -->`` on lines of their own,
+  around a Markdown table rendered whole by :data:`TABLES`' function ``NAME``.
+
+Each figure's page section (between level-1 or level-2 headings), or the page's introduction,
+must name the benchmark that made its results file (``benchmarks.NAME`` or ``benchmarks/NAME.py``, see
+:func:`module_of`): the docs state current figures with the command that made them.
+
+A development tool, not part of the wheel (which holds only ``relevancy_tracer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from ._paths import ROOT
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+#: the pages whose figures are rendered (docs/design-notes.md is history: it holds no marker)
+def default_pages(root: Path = ROOT) -> list[Path]:
+    """README.md, benchmarks/README.md and every page of docs/ under ``root``."""
+    return [root / "README.md", root / "benchmarks" / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+class FigureError(Exception):
+    """A marker that cannot be rendered: an unknown results file, key, derivation or table."""
+
+
+FIG = re.compile(r"<!-- fig (?P<spec>.+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
+TABLE = re.compile(r"(?P<head><!-- fig-table (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(?P<tail><!-- /fig-table -->)", re.S)
+HEADING = re.compile(r"^#{1,6} ", re.M)
+
+#: results stems whose benchmark module is not their name's prefix
+MODULE_OVERRIDES = {"calibration": "fit_calibration", "refusal_similarities": "production_mix"}
+
+
+def module_of(stem: str) -> str:
+    """The benchmark module that writes ``benchmarks/results/<stem>.json``: the longest module of
+    benchmarks/ whose name starts the stem (``speed_repack_on`` -> ``speed``), or an override."""
+    if stem in MODULE_OVERRIDES:
+        return MODULE_OVERRIDES[stem]
+    modules = sorted((p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_")), key=len, reverse=True)
+    for module in modules:
+        if stem == module or stem.startswith(module + "_"):
+            return module
+    raise FigureError(f"no benchmark module writes results file {stem!r}")
+
+
+class Results:
+    """The results files, loaded once each; records which stems a rendering used."""
+
+    def __init__(self, directory: Path = RESULTS) -> None:
+        self.directory = directory
+        self._cache: dict[str, Any] = {}
+        self.used: set[str] = set()
+
+    def __call__(self, stem: str) -> Any:
+        """The parsed content of ``<stem>.json`` (or ``.json.gz``; ``.jsonl.gz``: a list of rows)."""
+        self.used.add(stem)
+        if stem not in self._cache:
+            for suffix in (".json", ".json.gz", ".jsonl.gz"):
+                path = self.directory / (stem + suffix)
+                if path.exists():
+                    opener = gzip.open if suffix.endswith(".gz") else open
+                    with opener(path, "rt", encoding="utf-8") as handle:
+                        self._cache[stem] = [json.loads(line) for line in handle if line.strip()] if suffix == ".jsonl.gz" else json.load(handle)
+                    break
+            else:
+                raise FigureError(f"no results file benchmarks/results/{stem}.json")
+        return self._cache[stem]
+
+    def get(self, ref: str) -> Any:
+        """The value at ``FILE:KEY.PATH``; raises FigureError naming the first missing key."""
+        stem, sep, path = ref.partition(":")
+        if not sep or not path:
+            raise FigureError(f"{ref!r}: a figure is FILE:KEY.PATH")
+        value = self(stem)
+        walked = []
+        for key in path.split("."):
+            walked.append(key)
+            if isinstance(value, list) and re.fullmatch(r"-?\d+", key) and -len(value) <= int(key) < len(value):
+                value = value[int(key)]
+            elif isinstance(value, dict) and key in value:
+                value = value[key]
+            else:
+                raise FigureError(f"{stem}.json has no {'.'.join(walked)}")
+        return value
+
+    def ci(self, ref: str) -> list:
+        """The interval beside ``FILE:KEY.PATH``: key ``<last>_ci``, else ``ci`` in the same object."""
+        head, _, last = ref.rpartition(".")
+        for candidate in (f"{head}.{last}_ci" if head else f"{ref}_ci", f"{head}.ci" if head else None):
+            if candidate:
+                try:
+                    return self.get(candidate)
+                except FigureError:
+                    pass
+        raise FigureError(f"{ref!r} has no interval ({last}_ci or ci beside it)")
+
+
+def fmt(value: Any, spec: str = "") -> str:
+    """``value`` in the Python format ``spec``; no spec: ``str(value)`` (JSON's own digits)."""
+    if value is None:
+        return "-"
+    if not spec:
+        return str(value)
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError) as exc:
+        raise FigureError(f"cannot format {value!r} as {spec!r}: {exc}") from None
+
+
+def with_ci(value: Any, ci: Iterable[Any], spec: str) -> str:
+    """``value [low, high]`` in one format."""
+    low, high = ci
+    return f"{fmt(value, spec)} [{fmt(low, spec)}, {fmt(high, spec)}]"
+
+
+def render_figure(spec: str, results: Results) -> str:
+    """The text of one inline marker's spec (see the module docstring)."""
+    try:
+        tokens = shlex.split(spec)
+    except ValueError as exc:
+        raise FigureError(f"{spec!r}: {exc}") from None
+    if not tokens:
+        raise FigureError("an empty figure marker")
+    source, options = tokens[0], tokens[1:]
+    show_ci = "ci" in options
+    formats = [o for o in options if o != "ci"]
+    if len(formats) > 1:
+        raise FigureError(f"{spec!r}: more than one format")
+    spec_format = formats[0] if formats else ""
+    if source.startswith("="):
+        name = source[1:]
+        if name not in DERIVED:
+            raise FigureError(f"no derived figure {name!r} in benchmarks/figures.py")
+        value = DERIVED[name](results)
+        if show_ci:
+            value, interval = value
+            return with_ci(value, interval, spec_format)
+        return value if isinstance(value, str) else fmt(value, spec_format)
+    value = results.get(source)
+    return with_ci(value, results.ci(source), spec_format) if show_ci else fmt(value, spec_format)
+
+
+def _sections(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the page's sections: split at level-1 and level-2 headings outside fenced
+    code blocks."""
+    starts, fenced, position = [], False, 0
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,2} ", line):
+            starts.append(position)
+        position += len(line)
+    bounds = [0, *[p for p in starts if p > 0], len(text)]
+    return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+def _section_text(text: str, position: int) -> str:
+    """The section holding ``position``, with the page's introduction (its first section, where
+    the page's commands usually are)."""
+    sections = _sections(text)
+    start, end = next((s for s in sections if s[0] <= position < s[1]), sections[-1])
+    intro = text[sections[0][0]:sections[0][1]]
+    return intro + text[start:end]
+
+
+def _names_benchmark(section: str, module: str) -> bool:
+    return f"benchmarks.{module}" in section or f"benchmarks/{module}.py" in section
+
+
+def render(text: str, results: Optional[Results] = None, where: str = "<text>") -> str:
+    """``text`` with every figure and table marker's content rendered from the results.
+
+    Raises FigureError for a marker that cannot be rendered, or whose section does not name the
+    benchmark that made its results file."""
+    results = results or Results()
+    problems: list[str] = []
+
+    def check_command(position: int, label: str, used: set[str]) -> None:
+        section = _section_text(text, position)
+        for stem in sorted(used):
+            module = module_of(stem)
+            if not _names_benchmark(section, module):
+                line = text.count("\n", 0, position) + 1
+                problems.append(f"{where}:{line}: {label} comes from benchmarks/results/{stem}.json, but its section does not name benchmarks.{module} (the command that made it)")
+
+    def table(match: re.Match) -> str:
+        name = match["name"]
+        if name not in TABLES:
+            raise FigureError(f"{where}: no table {name!r} in benchmarks/figures.py")
+        results.used = set()
+        body = TABLES[name](results).rstrip("\n") + "\n"
+        check_command(match.start(), f"table {name}", results.used)
+        return match["head"] + body + match["tail"]
+
+    def figure(match: re.Match) -> str:
+        line_start = text.rfind("\n", 0, match.start()) + 1
+        if not re.sub(r"^\s*([-*+]|\d+\.)?\s*", "", text[line_start:match.start()]):
+            line = text.count("\n", 0, match.start()) + 1
+            raise FigureError(f"{where}:{line}: a figure starts its line, where Markdown reads the comment as an HTML block and breaks the paragraph: put a word before it")
+        results.used = set()
+        try:
+            rendered = render_figure(match["spec"], results)
+        except FigureError as exc:
+            line = text.count("\n", 0, match.start()) + 1
+            raise FigureError(f"{where}:{line}: {exc}") from None
+        check_command(match.start(), f"figure {match['spec']!r}", results.used)
+        return f"<!-- fig {match['spec']} -->{rendered}<!-- /fig -->"
+
+    out = TABLE.sub(table, text)
+    text = out
+    out = FIG.sub(figure, out)
+    if problems:
+        raise FigureError("\n".join(problems))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Derived figures and tables. Each takes the Results and returns a value (formatted by the
+# marker's format) or a string; a table returns Markdown.
+
+
+DERIVED: dict[str, Callable[[Results], Any]] = {}
+TABLES: dict[str, Callable[[Results], str]] = {}
+
+
+def derived(name: str) -> Callable:
+    """Register a derived figure under ``name``."""
+    def register(fn: Callable) -> Callable:
+        DERIVED[name] = fn
+        return fn
+    return register
+
+
+def table(name: str) -> Callable:
+    """Register a table renderer under ``name``."""
+    def register(fn: Callable) -> Callable:
+        TABLES[name] = fn
+        return fn
+    return register
+
+
+def md_table(header: list[str], rows: list[list[str]], align: Optional[list[str]] = None) -> str:
+    """A Markdown table; ``align`` per column: ``---`` or ``---:``."""
+    align = align or ["---"] * len(header)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    lines += [("| " + " | ".join(row) + " |").replace("|  |", "| |").replace("|  |", "| |") for row in rows]
+    return "\n".join(lines)
+
+
+# ==== the docs' derivations and tables (one section per page) ===============================
+
+
+# ---- docs/quality.md: benchmarks/results/quality.json (python -m benchmarks.quality --report-only ...)
+
+DEFAULT_CALIBRATED = "ragas_judge_intent calibrated"
+#: quality.json report name -> the row label of the quality page's tables
+QUALITY_ROWS = [
+    ("ragas_intent", "`ragas_intent` (the default before `ragas_judge`)"),
+    ("ragas_judge", "`ragas_judge` (the previous default)"),
+    ("intent", "`intent` alone"),
+    ("judge (component of ragas_judge_intent)", "`judge` component"),
+    ("topicality (component of ragas_judge_intent)", "`topicality` component"),
+    ("word_overlap", "word overlap"),
+]
+PAIR_KINDS = ["incomplete", "evasive", "off_topic", "padded", "echo", "hedge"]
+
+
+def _report(r: Results, config: str) -> dict:
+    return r.get(f"quality:reports.{config}")
+
+
+def _acc(cell: dict) -> str:
+    return with_ci(cell["accuracy"], cell["accuracy_ci"], ".2f")
+
+
+@derived("quality.human_label_balanced_accuracy")
+def _human_label_balanced_accuracy(r: Results) -> float:
+    """Balanced accuracy of the label directly_addresses against the rest on the human set: the
+    mean of the shares of relevant answers labelled directly_addresses and of irrelevant ones
+    labelled otherwise (production_mix.json's human_labels)."""
+    labels = r.get("production_mix:human_labels")
+    return (labels["relevant_directly_addresses"]["share"] + 1 - labels["not_relevant_directly_addresses"]["share"]) / 2
+
+
+@table("quality.human")
+def _quality_human(r: Results) -> str:
+    header = ["method", "ExpertQA AUROC", "HaluQuestQA AUROC", "pooled AUROC", "label balanced accuracy"]
+    rows = []
+    for config, label in [(DEFAULT_CALIBRATED, "**`ragas_judge_intent` (default), calibrated**"), *QUALITY_ROWS]:
+        human = _report(r, config)["human"]
+        cells = [with_ci(human[s]["auroc"], human[s]["auroc_ci"], ".2f") for s in ("expertqa", "haluquestqa")]
+        cells.append(with_ci(human["pooled"]["auroc"], human["pooled"]["auroc_ci"], ".2f") + f" (n={human['pooled']['n']})")
+        cells.append(fmt(_human_label_balanced_accuracy(r), ".2f") if config == DEFAULT_CALIBRATED else "-")
+        rows.append([label, *cells])
+    return md_table(header, rows)
+
+
+@table("quality.pairs")
+def _quality_pairs(r: Results) -> str:
+    header = ["method", *[k.replace("_", "-") for k in PAIR_KINDS]]
+    rows = []
+    for pair_set, language in (("pairs_en", "English"), ("pairs_zh", "Chinese")):
+        default = _report(r, DEFAULT_CALIBRATED)["pairs"][pair_set]
+        rows.append([f"**{language} ({default['evasive_answer']['n']} rows)**", *[""] * len(PAIR_KINDS)])
+        cells = []
+        for kind in PAIR_KINDS:
+            cell = default[f"{kind}_answer"]
+            acc = f"**{fmt(cell['accuracy'], '.2f')}** [{fmt(cell['accuracy_ci'][0], '.2f')}, {fmt(cell['accuracy_ci'][1], '.2f')}]"
+            cells.append(f"{acc}, gap {fmt(cell['mean_gap'], '.2f')}, n={cell['n']}")
+        rows.append(["**`ragas_judge_intent` (default), calibrated**", *cells])
+        for config, label in QUALITY_ROWS:
+            pairs = _report(r, config)["pairs"][pair_set]
+            rows.append([label, *[_acc(pairs[f"{kind}_answer"]) for kind in PAIR_KINDS]])
+    return md_table(header, rows)
+
+
+@table("quality.low_label_share")
+def _quality_low_label_share(r: Results) -> str:
+    header = ["share labelled `does_not_address` or `somewhat_related`", *[k.replace("_", "-") for k in PAIR_KINDS]]
+    rows = []
+    for pair_set, language in (("pairs_en", "English"), ("pairs_zh", "Chinese")):
+        pairs = _report(r, DEFAULT_CALIBRATED)["pairs"][pair_set]
+        rows.append([language, *[f"{fmt(pairs[f'{k}_answer']['low_label_share'], '.2f')} (n={pairs[f'{k}_answer']['n']})" for k in PAIR_KINDS]])
+    return md_table(header, rows)
+
+
+def _pair_cells(r: Results, config: str = DEFAULT_CALIBRATED) -> list[dict]:
+    return [cell for pair_set in ("pairs_en", "pairs_zh") for cell in _report(r, config)["pairs"][pair_set].values()]
+
+
+@derived("quality.pair_answers")
+def _pair_answers(r: Results) -> int:
+    """Answers of the pair sets: each row's reference answer and its scored variants."""
+    rows = sum(_report(r, DEFAULT_CALIBRATED)["pairs"][s]["evasive_answer"]["n"] for s in ("pairs_en", "pairs_zh"))
+    return rows + sum(cell["n"] for cell in _pair_cells(r))
+
+
+@derived("quality.echo_hedge_low_labels")
+def _echo_hedge_low_labels(r: Results) -> str:
+    """'N of M': echo and hedge answers of both pair sets labelled below partially_addresses."""
+    cells = [_report(r, DEFAULT_CALIBRATED)["pairs"][s][f"{k}_answer"] for s in ("pairs_en", "pairs_zh") for k in ("echo", "hedge")]
+    low = sum(round(c["low_label_share"] * c["n"]) for c in cells)
+    return f"{low} of {sum(c['n'] for c in cells)}"
+
+
+def _gaps(r: Results, kinds: list[str], config: str = DEFAULT_CALIBRATED) -> list[float]:
+    return [_report(r, config)["pairs"][s][f"{k}_answer"]["mean_gap"] for s in ("pairs_en", "pairs_zh") for k in kinds]
+
+
+@derived("quality.gap_range_clear_failures")
+def _gap_range(r: Results) -> str:
+    """The range of the default's mean calibrated gap over the evasive, off-topic, echo and hedge
+    pairs of both languages."""
+    gaps = _gaps(r, ["evasive", "off_topic", "echo", "hedge"])
+    return f"{min(gaps):.2f}-{max(gaps):.2f}"
+
+
+# ---- speed: benchmarks/results/speed_*.json (python -m benchmarks.speed)
+
+
+def _speed(r: Results, stem: str, key: str = "seconds_per_evaluation") -> float:
+    return r.get(f"{stem}:{key}")
+
+
+def _mean_speed(r: Results, stems: list[str]) -> float:
+    return sum(_speed(r, s) for s in stems) / len(stems)
+
+
+JUDGE_ROUNDS = ["speed_ragas_judge_1", "speed_ragas_judge_2"]
+DEFAULT_ROUNDS = ["speed_ragas_judge_intent_1", "speed_ragas_judge_intent_2"]
+THIS_STOP_CURRENT = ["speed_this_stop_current_1", "speed_this_stop_current_2"]
+THIS_STOP_PREVIOUS = ["speed_this_stop_prev_1", "speed_this_stop_prev_2"]
+
+
+@derived("speed.default_over_judge")
+def _default_over_judge(r: Results) -> float:
+    """The default's seconds per evaluation over ragas_judge's, both rounds pooled."""
+    return _mean_speed(r, DEFAULT_ROUNDS) / _mean_speed(r, JUDGE_ROUNDS)
+
+
+@derived("speed.default_over_judge_round_1")
+def _default_over_judge_1(r: Results) -> float:
+    return _speed(r, DEFAULT_ROUNDS[0]) / _speed(r, JUDGE_ROUNDS[0])
+
+
+@derived("speed.default_over_judge_round_2")
+def _default_over_judge_2(r: Results) -> float:
+    return _speed(r, DEFAULT_ROUNDS[1]) / _speed(r, JUDGE_ROUNDS[1])
+
+
+@derived("speed.this_stop_ratio")
+def _this_stop_ratio(r: Results) -> float:
+    """This commit's default over the previous commit's, seconds per evaluation, rounds pooled."""
+    return _mean_speed(r, THIS_STOP_CURRENT) / _mean_speed(r, THIS_STOP_PREVIOUS)
+
+
+@derived("speed.table_over_this_stop")
+def _table_over_this_stop(r: Results) -> float:
+    """How much slower the speed table's default ran than the same-commit pair's: machine drift."""
+    return _mean_speed(r, DEFAULT_ROUNDS) / _mean_speed(r, THIS_STOP_CURRENT)
+
+
+@table("speed.methods")
+def _speed_methods(r: Results) -> str:
+    header = ["method", "s / evaluation (round 1, round 2)", "median latency", "chat requests", "WikiEval pairwise (10 pairs)"]
+    rows = []
+    for stems, label, requests, bold in ((JUDGE_ROUNDS, "`ragas_judge` (previous default)", "2", False), (DEFAULT_ROUNDS, "**`ragas_judge_intent` (default)**", "3, + 1 per new question", True)):
+        seconds = ", ".join(fmt(_speed(r, s), ".2f") for s in stems)
+        rows.append([
+            label,
+            f"**{seconds}**" if bold else seconds,
+            ", ".join(fmt(_speed(r, s, "median_latency_seconds"), ".1f") + " s" for s in stems),
+            requests,
+            ", ".join(fmt(_speed(r, s, "pairwise_accuracy"), ".2f") for s in stems),
+        ])
+    return md_table(header, rows)
+
+#__DOCS__
+
+# --------------------------------------------------------------------------------------------
+
+
+def process(paths: Iterable[Path], write: bool, results: Optional[Results] = None) -> tuple[list[str], list[str]]:
+    """Render each page; returns (pages whose figures were stale, errors). With ``write``, stale
+    pages are rewritten."""
+    results = results or Results()
+    stale, errors = [], []
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        try:
+            rendered = render(text, results, where=_name(path))
+        except FigureError as exc:
+            errors.append(str(exc))
+            continue
+        if rendered != text:
+            stale.append(_name(path) + _first_difference(text, rendered))
+            if write:
+                path.write_text(rendered, encoding="utf-8")
+    return stale, errors
+
+
+def _name(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _first_difference(old: str, new: str) -> str:
+    for number, (a, b) in enumerate(zip(old.splitlines(), new.splitlines()), start=1):
+        if a != b:
+            return f":{number}: {a.strip()[:160]!r} -> {b.strip()[:160]!r}"
+    return ""
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="exit 1 when a page's figures differ from the results, 2 on a marker that cannot be rendered")
+    mode.add_argument("--write", action="store_true", help="rewrite the figures of the pages from the results")
+    parser.add_argument("pages", nargs="*", type=Path, help="default: README.md, benchmarks/README.md, docs/*.md")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the results directory (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    stale, errors = process(args.pages or default_pages(), write=args.write, results=Results(args.results))
+    for error in errors:
+        print(error, file=sys.stderr)
+    for page in stale:
+        print(("rewrote " if args.write else "stale: ") + page, file=sys.stderr)
+    if errors:
+        return 2
+    if stale and args.check:
+        print("run: python -m benchmarks.figures --write", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
