@@ -12,7 +12,8 @@ Markers (the spec is split like a shell line, so a key with spaces is quoted):
 
 * a figure: ``<!-- fig FILE:KEY.PATH [FORMAT] [ci] -->0.028 [0.022, 0.052]<!-- /fig -->``.
   ``FILE`` is a results file's stem (``production_mix`` for ``benchmarks/results/production_mix.json``;
-  ``.json.gz`` too), ``KEY.PATH`` the keys (or list indices) into it, joined by dots.
+  ``.json.gz`` too; a path from the repository root for the shipped calibrations that
+  ``benchmarks.fit_calibration`` writes), ``KEY.PATH`` the keys (or list indices) into it, joined by dots.
   ``FORMAT`` is a Python format spec (``.2f``, ``.0%``, ``,``; default ``str(value)``); ``ci``
   appends `` [low, high]`` from the sibling key ``<last key>_ci`` (or ``ci``) in the same format.
   A figure never starts a line: Markdown would read the comment as an HTML block.
@@ -66,6 +67,8 @@ def module_of(stem: str) -> str:
     benchmarks/ whose name starts the stem (``speed_repack_on`` -> ``speed``), or an override."""
     if stem in MODULE_OVERRIDES:
         return MODULE_OVERRIDES[stem]
+    if stem.startswith("relevancy_tracer/calibrations/"):
+        return "fit_calibration"
     modules = sorted((p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_")), key=len, reverse=True)
     for module in modules:
         if stem == module or stem.startswith(module + "_"):
@@ -85,8 +88,9 @@ class Results:
         """The parsed content of ``<stem>.json`` (or ``.json.gz``; ``.jsonl.gz``: a list of rows)."""
         self.used.add(stem)
         if stem not in self._cache:
+            directory = ROOT if "/" in stem else self.directory
             for suffix in (".json", ".json.gz", ".jsonl.gz"):
-                path = self.directory / (stem + suffix)
+                path = directory / (stem + suffix)
                 if path.exists():
                     opener = gzip.open if suffix.endswith(".gz") else open
                     with opener(path, "rt", encoding="utf-8") as handle:
@@ -444,6 +448,67 @@ def _speed_methods(r: Results) -> str:
             ", ".join(fmt(_speed(r, s, "pairwise_accuracy"), ".2f") for s in stems),
         ])
     return md_table(header, rows)
+
+
+# ---- docs/calibration.md: benchmarks/results/production_mix.json (python -m benchmarks.production_mix),
+# relevancy_tracer/calibrations/ragas_judge_intent-local.json (python -m benchmarks.fit_calibration)
+
+SHIPPED_CALIBRATION = "relevancy_tracer/calibrations/ragas_judge_intent-local"
+FAILURE_KINDS = ["echo", "hedge", "evasive", "off_topic", "padded", "incomplete"]
+
+
+@table("calibration.production_mix")
+def _calibration_production_mix(r: Results) -> str:
+    header = ["rows", "n", "ECE at prior 0.8 [95% CI]", "mean score", "mean score of relevant answers", "AUROC"]
+    rows = []
+    for key, label in (("pairs_held_out", "pair sets and WikiEval, held out of the fit"), ("pairs_all", "pair sets and WikiEval, all"), ("human_all", "human set (never fitted on)")):
+        c = r.get(f"production_mix:calibration.{key}")
+        rows.append([label, str(c["n"]), with_ci(c["ece"], c["ci"], ".3f"), fmt(c["mean_score"], ".2f"), fmt(c["mean_score_relevant"], ".2f"), fmt(c["auroc"], ".2f")])
+    header[2] = f"ECE at prior {fmt(r.get('production_mix:prior'))} [95% CI]"
+    return md_table(header, rows, ["---", "---:", "---", "---:", "---:", "---:"])
+
+
+@table("calibration.labels")
+def _calibration_labels(r: Results) -> str:
+    labels = r.get("production_mix:labels.held_out")
+    names = {"echo": "echoes", "hedge": "hedges", "evasive": "evasive answers", "off_topic": "off-topic answers", "padded": "padded answers", "incomplete": "incomplete answers"}
+    rows = [("reference answers labelled `directly_addresses`", labels["reference_directly_addresses"])]
+    rows += [(f"{names[k]} labelled below `partially_addresses`", labels[f"{k}_below_partially"]) for k in FAILURE_KINDS]
+    return md_table(["answers (held-out rows)", "share [95% CI]"], [[label, with_ci(c["share"], c["ci"], ".2f") + f" (n={c['n']})"] for label, c in rows])
+
+
+@table("calibration.failure_kinds")
+def _calibration_failure_kinds(r: Results) -> str:
+    kinds = [*FAILURE_KINDS, "other"]
+    every = r.get("production_mix:failure_kinds.all")
+    held = r.get("production_mix:failure_kinds.held_out")
+    rows = [[kind, str(every[kind]["n"]), *[str(every[kind]["counts"].get(k, 0)) for k in kinds], fmt(every[kind]["accuracy"], ".2f"), fmt(held[kind]["accuracy"], ".2f")] for kind in FAILURE_KINDS]
+    return md_table(["variant", "n", *kinds, "accuracy", "held-out accuracy"], rows, ["---"] + ["---:"] * (len(kinds) + 3))
+
+
+@derived("calibration.human_mean_score_irrelevant")
+def _human_mean_score_irrelevant(r: Results) -> float:
+    """Mean score of the human set's irrelevant answers, from the prior-weighted mean score and
+    the relevant answers' mean: mean = share * relevant + (1 - share) * irrelevant."""
+    c = r.get("production_mix:calibration.human_all")
+    return (c["mean_score"] - c["relevant_share"] * c["mean_score_relevant"]) / (1 - c["relevant_share"])
+
+
+@derived("calibration.raw_to_score")
+def _raw_to_score(r: Results) -> str:
+    """Raw score -> score under the shipped calibration's prior: evidence = a * raw + b (the
+    class-balanced Platt map, base rate 0.5), score = sigmoid(evidence + logit(prior))."""
+    import math
+
+    shipped = r(SHIPPED_CALIBRATION)
+    a, b, prior = shipped["params"]["a"], shipped["params"]["b"], shipped["prior"]
+    if shipped.get("kind") != "platt" or shipped.get("base_rate") != 0.5:
+        raise FigureError(f"{SHIPPED_CALIBRATION}.json is not a class-balanced Platt calibration")
+    pairs = []
+    for raw in (0.6, 0.7, 0.8, 0.85, 0.9):
+        score = 1 / (1 + math.exp(-(a * raw + b + math.log(prior / (1 - prior)))))
+        pairs.append(f"{raw:g} -> {score:.2f}")
+    return ", ".join(pairs)
 
 #__DOCS__
 
