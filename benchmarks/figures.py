@@ -510,6 +510,315 @@ def _raw_to_score(r: Results) -> str:
         pairs.append(f"{raw:g} -> {score:.2f}")
     return ", ".join(pairs)
 
+
+# ---- docs/benchmarks.md
+
+# model host: benchmarks/results/model_host_latency.json, model_host_forked.json (python -m benchmarks.model_host)
+
+LATENCY_ROWS = [
+    ("off", "off (`sample_ratio=0`)"),
+    ("in-process", "in the app's process (`local_host=false`)"),
+    ("host-nice", "model host at nice 19 only"),
+    ("host", "**model host (default: nice 19 + `SCHED_IDLE`)**"),
+]
+
+
+@table("model_host.latency")
+def _model_host_latency(r: Results) -> str:
+    rounds = r.get("model_host_latency:rounds")
+
+    def both(variant: str, key: str, spec: str) -> str:
+        return " / ".join(fmt(rnd["variants"][variant][key], spec) for rnd in rounds)
+
+    rows = []
+    for variant, label in LATENCY_ROWS:
+        evaluations = "-" if variant == "off" else both(variant, "evaluations_finished", "d")
+        ratio = "1.00" if variant == "off" else " / ".join(fmt(rnd["p99_ratio_vs_off"][variant], ".2f") for rnd in rounds)
+        rows.append([label, both(variant, "p50_ms", ".2f"), both(variant, "p99_ms", ".2f"), both(variant, "max_ms", ".1f"), evaluations, f"**{ratio}**" if variant == "host" else ratio])
+    seconds = fmt(r.get("model_host_latency:seconds"), "g")
+    return md_table(["scorer", "p50 ms", "p99 ms", "max ms", f"evaluations in {seconds} s", "p99 / p99 off"], rows, ["---"] + ["---:"] * 5)
+
+
+def _latency_max(r: Results, variant: str) -> float:
+    return max(rnd["variants"][variant]["max_ms"] for rnd in r.get("model_host_latency:rounds"))
+
+
+@derived("model_host.max_ms_host")
+def _max_host(r: Results) -> float:
+    """The default host's worst app call over the rounds, ms."""
+    return _latency_max(r, "host")
+
+
+@derived("model_host.max_ms_host_nice")
+def _max_host_nice(r: Results) -> float:
+    """The nice-19-only host's worst app call over the rounds, ms."""
+    return _latency_max(r, "host-nice")
+
+
+@derived("model_host.app_cpu_share")
+def _app_cpu_share(r: Results) -> float:
+    """The app's CPU per evaluation with the host, as a share of an in-process evaluation's (round 1)."""
+    variants = r.get("model_host_latency:rounds.0.variants")
+    return variants["host"]["app_cpu_ms_per_evaluation"] / variants["in-process"]["app_cpu_ms_per_evaluation"]
+
+
+FORKED_ROWS = [("1x in-process", "1 process, in process"), ("4x in-process", "4 forked workers, in process"), ("4x host", "4 forked workers, model host")]
+
+
+def _layout(r: Results, name: str) -> dict:
+    for layout in r.get("model_host_forked:layouts"):
+        if layout["layout"] == name:
+            return layout
+    raise FigureError(f"model_host_forked.json has no layout {name!r}")
+
+
+@table("model_host.forked")
+def _model_host_forked(r: Results) -> str:
+    versus = r.get("model_host_forked:evaluations_per_s_vs_1_process")
+    rows = []
+    for name, label in FORKED_ROWS:
+        layout = _layout(r, name)
+        apps = layout["app_uss_mib"]
+        host = name == "4x host"
+        uss = f"{fmt(apps[0], '.0f')} MiB" if len(apps) == 1 else f"{fmt(sum(apps) / len(apps), '.0f')} MiB each (+{fmt(layout['parent_uss_mib'], '.0f')} parent)"
+        bold = (lambda text: f"**{text}**") if host else (lambda text: text)
+        rows.append([
+            label,
+            bold(fmt(layout["evaluations_per_s"], ".3f")),
+            bold(fmt(versus[name], ".2f")),
+            (f"**{uss.split(' ', 1)[0]} MiB** {uss.split(' ', 2)[2]}" if host else uss),
+            "-" if layout["host_uss_mib"] is None else f"{fmt(layout['host_uss_mib'], '.0f')} MiB",
+            bold(str(layout["llama_contexts"])),
+            bold(str(layout["model_threads_total"])),
+        ])
+    return md_table(["layout", "evaluations/s", "vs 1 process", "USS per app process", "USS of the host", "llama.cpp contexts", "their threads"], rows, ["---"] + ["---:"] * 6)
+
+
+@derived("model_host.forked_host_vs_in_process")
+def _forked_host_vs_in_process(r: Results) -> float:
+    """4 forked workers through the host against 4 forked in-process workers, evaluations/s."""
+    return _layout(r, "4x host")["evaluations_per_s"] / _layout(r, "4x in-process")["evaluations_per_s"]
+
+
+# overload: benchmarks/results/overload.json (python -m benchmarks.overload)
+
+
+def _overload_table(r: Results, variant: str) -> str:
+    rows = []
+    for phase in r.get(f"overload:variants.{variant}.phases"):
+        over = phase["factor"] >= 5
+        bold = (lambda text: f"**{text}**") if over else (lambda text: text)
+        shed = phase["share_shed"]
+        rows.append([
+            phase["phase"],
+            str(phase["calls"]),
+            bold(fmt(phase["scored_vs_capacity"], ".2f")),
+            bold(fmt(phase["share_timeout"], ".2g") if phase["share_timeout"] else "0"),
+            fmt(shed, ".2f") if shed else "0",
+            fmt(phase["sample_ratio_at_end"], ".2f"),
+            fmt(phase["p99_ms"], ".1f"),
+        ])
+    return md_table(["offered", "calls", "scored rate / capacity", "timeout", "shed (`capacity`)", "effective sample ratio at the end", "p99 ms"], rows, ["---"] + ["---:"] * 6)
+
+
+@table("overload.paced_host")
+def _overload_paced(r: Results) -> str:
+    return _overload_table(r, "paced-host")
+
+
+@table("overload.default")
+def _overload_default(r: Results) -> str:
+    return _overload_table(r, "default")
+
+
+def _phases(r: Results, variant: str, at_least: float = 1.0) -> list[dict]:
+    return [p for p in r.get(f"overload:variants.{variant}.phases") if p["factor"] >= at_least]
+
+
+def _load_range(r: Results, variant: str) -> str:
+    loads = [value for p in r.get(f"overload:variants.{variant}.phases") for value in (p["load_before"], p["load_after"])]
+    return f"{min(loads):.0f}-{max(loads):.0f}"
+
+
+@derived("overload.load_paced_host")
+def _load_paced(r: Results) -> str:
+    """The 1-minute load average's range over the paced-host phases (rounded)."""
+    return _load_range(r, "paced-host")
+
+
+@derived("overload.load_default")
+def _load_default(r: Results) -> str:
+    """The 1-minute load average's range over the default's phases (rounded)."""
+    return _load_range(r, "default")
+
+
+@derived("overload.default_capacity_estimates")
+def _capacity_estimates(r: Results) -> str:
+    """The admission's capacity estimate at the end of the 2x, 5x and 10x phases."""
+    estimates = [fmt(p["capacity_estimate_at_end"], ".2f") for p in _phases(r, "default", 2.0)]
+    return ", ".join(estimates[:-1]) + " and " + estimates[-1]
+
+
+@derived("overload.default_sustained")
+def _default_sustained(r: Results) -> str:
+    """The range of the default's scored rate over the phases offered at least its capacity."""
+    rates = [p["scored_rate"] for p in _phases(r, "default")]
+    return f"{min(rates):.2f}-{max(rates):.2f}"
+
+
+@derived("overload.default_seconds_between")
+def _default_seconds_between(r: Results) -> str:
+    """Seconds between scored evaluations at the phases' scored rates (at least capacity offered)."""
+    rates = [p["scored_rate"] for p in _phases(r, "default")]
+    return f"{1 / max(rates):.0f}-{1 / min(rates):.0f}"
+
+
+@derived("overload.default_scored_per_phase")
+def _default_scored_per_phase(r: Results) -> str:
+    """The range of evaluations scored per phase (at least capacity offered)."""
+    scored = [p["scored_of_offered"] for p in _phases(r, "default")]
+    return f"{min(scored)}-{max(scored)}"
+
+
+@derived("overload.handler_ms_default")
+def _handler_default(r: Results) -> float:
+    """The handler's median wall time at 1x in the default's run, ms (its calibrated CPU work)."""
+    return _phases(r, "default")[0]["p50_ms"]
+
+
+@derived("overload.handler_ms_paced_host")
+def _handler_paced(r: Results) -> float:
+    """The handler's median wall time at 1x in the paced run, ms."""
+    return _phases(r, "paced-host")[0]["p50_ms"]
+
+
+# throughput: benchmarks/results/throughput.json (python -m benchmarks.throughput)
+
+THROUGHPUT_ROWS = [
+    ("rt-joint", 'relevancy-tracer, `generation="joint"` (default)'),
+    ("rt-independent", 'relevancy-tracer, `generation="independent"`'),
+    ("ragas-collections", "ragas `collections.AnswerRelevancy` (ragas 0.4's API)"),
+    ("ragas-legacy", "ragas `ResponseRelevancy` (legacy, one request with `n=3`)"),
+]
+
+
+@table("throughput.variants")
+def _throughput_variants(r: Results) -> str:
+    rows = []
+    for variant, label in THROUGHPUT_ROWS:
+        v = r.get(f"throughput:results.{variant}")
+        rows.append([label, fmt(v["evaluations_per_second"], ".1f"), fmt(v["chat_requests_per_evaluation"], "g"), fmt(v["embedding_requests_per_evaluation"], "g"), fmt(v["prompt_tokens_per_evaluation"], ".0f"), fmt(v["client_cpu_ms_per_evaluation"], ".1f")])
+    return md_table(["variant", "evals/s", "chat req/eval", "embed req/eval", "prompt tokens/eval", "client CPU ms/eval"], rows, ["---"] + ["---:"] * 5)
+
+
+@table("throughput.ratios")
+def _throughput_ratios(r: Results) -> str:
+    rows = []
+    for peer, label in (("ragas-collections", "joint / ragas collections"), ("ragas-legacy", "joint / ragas legacy")):
+        ratio = r.get(f"throughput:ratios.rt-joint / {peer}")
+        rounds = ratio["throughput_per_round"]
+        throughput_met, tokens_met = ratio["throughput"] >= 3, ratio["prompt_tokens"] <= 0.5
+        verdict = "met" if throughput_met and tokens_met else f"throughput {'met' if throughput_met else 'not'}, tokens {'met' if tokens_met else 'not'}"
+        tokens = fmt(ratio["prompt_tokens"], ".2f") + "x"
+        rows.append([label, f"**{fmt(ratio['throughput'], '.2f')}x** ({fmt(min(rounds), '.2f')}-{fmt(max(rounds), '.2f')}x)", f"**{tokens}**" if tokens_met else tokens, verdict])
+    return md_table(["ratio", "throughput (per round)", "prompt tokens", "target: >= 3x, <= 0.5x tokens"], rows)
+
+
+# overhead: benchmarks/results/overhead.json (python -m benchmarks.overhead)
+
+OVERHEAD_ROWS = [
+    ("rt-unsampled", "relevancy-tracer, unsampled", "median"),
+    ("rt-sampled-closed", "relevancy-tracer, sampled, endpoint a closed port", "p99"),
+    ("rt-sampled-hang", "relevancy-tracer, sampled, endpoint never answers", "p99"),
+    ("openinference-chain", "OpenInference `tracer.chain`", None),
+    ("langfuse-observe", "Langfuse `@observe`", None),
+    ("traceloop-workflow", "OpenLLMetry `@workflow`", None),
+]
+
+
+def _timing(r: Results, variant: str) -> dict:
+    for timing in r.get("overhead:timings"):
+        if timing["variant"] == variant:
+            return timing
+    raise FigureError(f"overhead.json has no timing of {variant!r}")
+
+
+@table("overhead.variants")
+def _overhead_variants(r: Results) -> str:
+    targets = {t: v for t, v in r.get("overhead:targets").items()}
+    unsampled_target = next(name for name in targets if name.startswith("unsampled median within"))
+    median_target = unsampled_target.split("within ")[1].split("x")[0]
+    rows = []
+    for variant, label, target in OVERHEAD_ROWS:
+        timing = _timing(r, variant)
+        stats = timing["stats"][variant]
+        median = fmt(timing["median_ratio"], ".2f") + "x"
+        p99 = fmt(timing["p99_ratio"], ".2f") + "x"
+        if target == "median":
+            median = f"**{median}** (target {median_target}x)"
+        elif target == "p99":
+            p99 = f"**{p99}** (target 3x)"
+        rows.append([label, fmt(stats["median_ns"] / 1000, ".1f"), fmt(stats["p99_ns"] / 1000, ".1f"), median, p99])
+    return md_table(["variant", "median µs", "p99 µs", "median / bare span", "p99 / bare span p99"], rows, ["---"] + ["---:"] * 4)
+
+
+@derived("overhead.rss_growth")
+def _rss_growth(r: Results) -> str:
+    """RSS growth from the first to the last memory checkpoint, MiB, signed."""
+    return f"{r.get('overhead:memory.rss_growth_mib_first_to_last_checkpoint'):+.1f}"
+
+
+@derived("overhead.max_spans_open")
+def _max_spans_open(r: Results) -> int:
+    """The most spans held open at any memory checkpoint."""
+    return max(c["spans_open"] for c in r.get("overhead:memory.checkpoints"))
+
+
+# the peer on the embedded model: benchmarks/results/local.json, local_c4.json (python -m benchmarks.local)
+
+LOCAL_KINDS_DEFAULT = ["incomplete", "evasive", "off_topic", "padded", "echo", "hedge"]
+
+
+def _local_row(side: dict, kinds: list[str], bold: bool, ours_bold_against: Optional[dict]) -> list[str]:
+    tokens = "-" if side["input_tokens_per_eval"] is None else f"{fmt(side['input_tokens_per_eval'], '.0f')} / {fmt(side['output_tokens_per_eval'], '.0f')}"
+    seconds = fmt(side["seconds_per_eval"], ".2f" if not bold else ".1f" if side["seconds_per_eval"] >= 10 else ".2f")
+    cells = [f"**{seconds}**" if bold else seconds, "-" if side["llm_calls_per_eval"] is None else fmt(side["llm_calls_per_eval"], ".2g"), tokens]
+    for lang in ("pairs_en", "pairs_zh"):
+        for kind in kinds:
+            value = side["pairs"][lang][f"{kind}_answer"]["accuracy"]
+            text = fmt(value, ".2f")
+            better = ours_bold_against is not None and value > ours_bold_against["pairs"][lang][f"{kind}_answer"]["accuracy"]
+            cells.append(f"**{text}**" if better else text)
+    cells.append(str(side["failures"]))
+    return cells
+
+
+def _local_header(kinds: list[str], r: Results, stem: str) -> list[str]:
+    cells = []
+    for lang, code in (("pairs_en", "EN"), ("pairs_zh", "ZH")):
+        for kind in kinds:
+            n = r.get(f"{stem}:ragas.pairs.{lang}.{kind}_answer.n")
+            name = kind.replace("_", "-")
+            cells.append(f"{code} {name}" + (f" (n={n})" if n != r.get(f"{stem}:rows") else ""))
+    return cells
+
+
+@table("local.default")
+def _local_default(r: Results) -> str:
+    ragas, ours = r.get("local:ragas"), r.get("local:relevancy_tracer")
+    header = ["method", "s / eval", "chat requests / eval", "tokens in / out per eval", *_local_header(LOCAL_KINDS_DEFAULT, r, "local"), "failures"]
+    rows = [["ragas 0.4.3 (llama.cpp server)", *_local_row(ragas, LOCAL_KINDS_DEFAULT, False, None)], ["**relevancy-tracer `ragas_judge_intent`**", *_local_row(ours, LOCAL_KINDS_DEFAULT, True, ragas)]]
+    return md_table(header, rows, ["---"] + ["---:"] * (len(header) - 1))
+
+
+@table("local.ragas_judge_c4")
+def _local_judge(r: Results) -> str:
+    kinds = ["incomplete", "evasive", "off_topic", "padded"]
+    ragas, ours = r.get("local_c4:ragas"), r.get("local_c4:relevancy_tracer")
+    header = ["method", "s / eval", "chat requests / eval", "tokens in / out per eval", *_local_header(kinds, r, "local_c4"), "failures"]
+    rows = [["ragas 0.4.3 (llama.cpp server)", *_local_row(ragas, kinds, False, None)], ["**relevancy-tracer `ragas_judge`**", *_local_row(ours, kinds, True, ragas)]]
+    return md_table(header, rows, ["---"] + ["---:"] * (len(header) - 1))
+
 #__DOCS__
 
 # --------------------------------------------------------------------------------------------
