@@ -819,6 +819,71 @@ def _local_judge(r: Results) -> str:
     rows = [["ragas 0.4.3 (llama.cpp server)", *_local_row(ragas, kinds, False, None)], ["**relevancy-tracer `ragas_judge`**", *_local_row(ours, kinds, True, ragas)]]
     return md_table(header, rows, ["---"] + ["---:"] * (len(header) - 1))
 
+
+# ---- docs/service.md: hostile_json.json (python -m benchmarks.hostile_json), selection.json
+# (python -m benchmarks.selection), fleet.json and fleet_overload.json (python -m benchmarks.fleet)
+
+
+def _hostile_json_shapes(r: Results, names: list[str]) -> list[float]:
+    shapes = r.get("hostile_json:shapes")
+    return [shapes[name]["cpu_seconds_per_mb"] for name in names]
+
+
+@derived("hostile_json.megabytes")
+def _hostile_megabytes(r: Results) -> float:
+    """The bytes of one shape's spans, in MB (10^6 bytes)."""
+    return r.get("hostile_json:shapes.plain.bytes") / 1e6
+
+
+@derived("hostile_json.nested_range")
+def _hostile_nested_range(r: Results) -> str:
+    """CPU seconds per MB over the nested shapes (object, dict, messages, brackets), min-max."""
+    values = _hostile_json_shapes(r, ["nested_object", "nested_dict", "nested_messages", "brackets"])
+    return f"{min(values):.4f}-{max(values):.4f}"
+
+
+@derived("hostile_json.worst")
+def _hostile_worst(r: Results) -> float:
+    """The most CPU seconds per MB of any shape."""
+    return max(shape["cpu_seconds_per_mb"] for shape in r.get("hostile_json:shapes").values())
+
+
+@derived("hostile_json.worst_ratio")
+def _hostile_worst_ratio(r: Results) -> float:
+    """The worst shape's CPU per MB over plain text's."""
+    return max(shape["ratio_to_plain"] for shape in r.get("hostile_json:shapes").values())
+
+
+def _selection(r: Results, kind: str, size: int) -> float:
+    sizes = r.get("selection:sizes")
+    if size not in sizes:
+        raise FigureError(f"selection.json has no size {size}")
+    return r.get(f"selection:seconds.{kind}")[sizes.index(size)]
+
+
+@derived("selection.roots")
+def _selection_roots(r: Results) -> str:
+    """Seconds to select the root spans of one trace at 1k, 8k and 100k spans."""
+    return " -> ".join(fmt(_selection(r, "roots", n), spec) for n, spec in ((1000, ".3f"), (8000, ".3f"), (100000, ".2f")))
+
+
+@derived("selection.roots_growth")
+def _selection_roots_growth(r: Results) -> float:
+    """Time at 100k root spans over time at 1k (for 100x the spans)."""
+    return _selection(r, "roots", 100000) / _selection(r, "roots", 1000)
+
+
+@derived("selection.chain_100k")
+def _selection_chain(r: Results) -> float:
+    """Seconds for a 100k-span parent chain."""
+    return _selection(r, "chain", 100000)
+
+
+@table("fleet.scaling")
+def _fleet_scaling(r: Results) -> str:
+    rows = [[str(s["workers"]), fmt(s["evaluations_per_second"], ".1f"), fmt(s["queue_wait_ms_p50"] / 1000, ".1f") + " s", fmt(s["queue_wait_ms_p99"] / 1000, ".1f") + " s"] for s in r.get("fleet:scaling")]
+    return md_table(["workers", "evaluations / s", "queue wait p50", "p99"], rows, ["---:"] * 4)
+
 #__DOCS__
 
 # --------------------------------------------------------------------------------------------
