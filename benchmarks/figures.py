@@ -884,6 +884,59 @@ def _fleet_scaling(r: Results) -> str:
     rows = [[str(s["workers"]), fmt(s["evaluations_per_second"], ".1f"), fmt(s["queue_wait_ms_p50"] / 1000, ".1f") + " s", fmt(s["queue_wait_ms_p99"] / 1000, ".1f") + " s"] for s in r.get("fleet:scaling")]
     return md_table(["workers", "evaluations / s", "queue wait p50", "p99"], rows, ["---:"] * 4)
 
+
+# ---- docs/deploying.md: deploy_local.json, deploy_openai.json (python -m benchmarks.deploy)
+
+
+def _range(values: list[float]) -> str:
+    low, high = f"{min(values):.0f}", f"{max(values):.0f}"
+    return low if low == high else f"{low}-{high}"
+
+
+@table("deploy.memory")
+def _deploy_memory(r: Results) -> str:
+    local, endpoint = r.get("deploy_local:idle.memory_mib"), r.get("deploy_openai:idle.memory_mib")
+    rows = []
+    for name, key in (("gunicorn master", "master"), ("each worker", "workers"), ("model host", "host")):
+        cells = [name]
+        for memory in (local, endpoint):
+            processes = memory[key] if isinstance(memory[key], list) else [memory[key]]
+            cells += [_range([p[kind] for p in processes]) for kind in ("rss", "uss", "pss")]
+        rows.append(cells)
+    return md_table(["process (MiB)", "embedded default: RSS", "USS", "PSS", "endpoint: RSS", "USS", "PSS"], rows, ["---"] + ["---:"] * 6)
+
+
+@derived("deploy.local_pod_gib")
+def _deploy_pod(r: Results) -> float:
+    """The embedded default's pod of 2 workers: the PSS of all its processes, GiB."""
+    memory = r.get("deploy_local:idle.memory_mib")
+    return (memory["master"]["pss"] + sum(w["pss"] for w in memory["workers"]) + memory["host"]["pss"]) / 1024
+
+
+@derived("deploy.local_worker_pss")
+def _deploy_worker(r: Results) -> float:
+    """What a further worker adds with the embedded default: a worker's mean PSS, MiB."""
+    workers = r.get("deploy_local:idle.memory_mib.workers")
+    return sum(w["pss"] for w in workers) / len(workers)
+
+
+@derived("deploy.local_pending_shutdown")
+def _deploy_pending_shutdown(r: Results) -> int:
+    """The embedded default's pending evaluations that ended with status shutdown at SIGTERM."""
+    return r.get("deploy_local:pending.statuses").count("shutdown")
+
+
+@derived("deploy.local_timeouts")
+def _deploy_timeouts(r: Results) -> int:
+    """The embedded default's answers (asked at once) that ended with status timeout."""
+    return r.get("deploy_local:idle.statuses").count("timeout")
+
+
+@derived("speed.default_seconds")
+def _speed_default_seconds(r: Results) -> float:
+    """The default's seconds per evaluation on 2 cores (both rounds of the speed table)."""
+    return _mean_speed(r, DEFAULT_ROUNDS)
+
 #__DOCS__
 
 # --------------------------------------------------------------------------------------------
