@@ -17,8 +17,9 @@ Markers (the spec is split like a shell line, so a key with spaces is quoted):
   ``FORMAT`` is a Python format spec (``.2f``, ``.0%``, ``,``; default ``str(value)``); ``ci``
   appends `` [low, high]`` from the sibling key ``<last key>_ci`` (or ``ci``) in the same format.
   A figure never starts a line: Markdown would read the comment as an HTML block.
-* a derived figure: ``<!-- fig =NAME [FORMAT] -->2.0<!-- /fig -->``: :data:`DERIVED`'s function
-  ``NAME`` (a ratio of two results, a mean over a file's rows) computes it from the results.
+* a derived figure: ``<!-- fig =NAME [FORMAT] -->2.0<!-- /fig -->`` or ``=NAME(ARG,ARG)``:
+  :data:`DERIVED`'s function ``NAME`` (a ratio of two results, a mean over a file's rows)
+  computes it from the results (and the arguments, as strings).
 * a table: ``<!-- fig-table NAME -->`` and ``<!-- /fig-table -->`` on lines of their own,
   around a Markdown table rendered whole by :data:`TABLES`' function ``NAME``.
 
@@ -162,10 +163,15 @@ def render_figure(spec: str, results: Results) -> str:
         raise FigureError(f"{spec!r}: more than one format")
     spec_format = formats[0] if formats else ""
     if source.startswith("="):
-        name = source[1:]
-        if name not in DERIVED:
+        call = re.fullmatch(r"=(?P<name>[\w.-]+)(?:\((?P<args>[^()]*)\))?", source)
+        name = call["name"] if call else source[1:]
+        if not call or name not in DERIVED:
             raise FigureError(f"no derived figure {name!r} in benchmarks/figures.py")
-        value = DERIVED[name](results)
+        args = [a.strip() for a in call["args"].split(",")] if call["args"] else []
+        try:
+            value = DERIVED[name](results, *args)
+        except TypeError as exc:
+            raise FigureError(f"{source!r}: {exc}") from None
         if show_ci:
             value, interval = value
             return with_ci(value, interval, spec_format)
@@ -936,6 +942,45 @@ def _deploy_timeouts(r: Results) -> int:
 def _speed_default_seconds(r: Results) -> float:
     """The default's seconds per evaluation on 2 cores (both rounds of the speed table)."""
     return _mean_speed(r, DEFAULT_ROUNDS)
+
+
+# ---- docs/methods.md: compare_default.json (python -m benchmarks.compare_default), quality.json, speed_*.json
+
+
+@derived("speed.judge_seconds")
+def _speed_judge_seconds(r: Results) -> float:
+    """ragas_judge's seconds per evaluation in the speed table (both rounds)."""
+    return _mean_speed(r, JUDGE_ROUNDS)
+
+
+@derived("quality.intent_echo_losses_en")
+def _intent_echo_losses(r: Results) -> float:
+    """The share of English echo pairs the intent judge alone loses (1 - pairwise accuracy)."""
+    return 1 - r.get("quality:reports.intent.pairs.pairs_en.echo_answer.accuracy")
+
+
+@derived("compare_default.wikieval_ragas_judge_wins")
+def _wikieval_judge(r: Results) -> str:
+    """'N': WikiEval pairs ragas_judge ranks right (of n)."""
+    cell = r.get("compare_default:wikieval.poor_answer")
+    return f"{cell['ragas_judge'] * cell['n']:.0f}"
+
+
+@derived("compare_default.wikieval_ragas_intent_wins")
+def _wikieval_intent(r: Results) -> str:
+    """'N of n': WikiEval pairs ragas_intent ranks right."""
+    cell = r.get("compare_default:wikieval.poor_answer")
+    return f"{cell['ragas_intent (previous)'] * cell['n']:.0f} of {cell['n']}"
+
+
+@derived("production_mix.mean_raw")
+def _mean_raw(r: Results, pair_set: str, kind: str) -> float:
+    """The default's mean raw score over one set's answers of one kind (``reference``, ``echo``,
+    ...; production_mix_rows.json)."""
+    raws = [row["raw"] for row in r.get("production_mix_rows:rows") if row["set"] == pair_set and row["kind"] == kind]
+    if not raws:
+        raise FigureError(f"production_mix_rows.json has no {kind} rows of {pair_set}")
+    return sum(raws) / len(raws)
 
 #__DOCS__
 
