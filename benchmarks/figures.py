@@ -982,6 +982,12 @@ def _mean_raw(r: Results, pair_set: str, kind: str) -> float:
         raise FigureError(f"production_mix_rows.json has no {kind} rows of {pair_set}")
     return sum(raws) / len(raws)
 
+
+@derived("model_host.scripted_evaluations_per_s")
+def _scripted_rate(r: Results) -> float:
+    """Evaluations finished per second by the scripted host in the model-free latency run."""
+    return r.get("model_host_latency_scripted:variants.scripted-host.evaluations_finished") / r.get("model_host_latency_scripted:seconds")
+
 #__DOCS__
 
 # --------------------------------------------------------------------------------------------
