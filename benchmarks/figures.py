@@ -20,8 +20,8 @@ Markers (the spec is split like a shell line, so a key with spaces is quoted):
 * a derived figure: ``<!-- fig =NAME [FORMAT] -->2.0<!-- /fig -->`` or ``=NAME(ARG,ARG)``:
   :data:`DERIVED`'s function ``NAME`` (a ratio of two results, a mean over a file's rows)
   computes it from the results (and the arguments, as strings).
-* a table: ``<!-- fig-table NAME -->`` and ``<!-- /fig-table -->`` on lines of their own,
-  around a Markdown table rendered whole by :data:`TABLES`' function ``NAME``.
+* a table: ``<!-- fig-table NAME -->`` (or ``NAME(ARG,ARG)``) and ``<!-- /fig-table -->`` on
+  lines of their own, around a Markdown table rendered whole by :data:`TABLES`' function ``NAME``.
 
 Each figure's page section (between level-1 or level-2 headings), or the page's introduction,
 must name the benchmark that made its results file (``benchmarks.NAME`` or ``benchmarks/NAME.py``, see
@@ -56,7 +56,7 @@ class FigureError(Exception):
 
 
 FIG = re.compile(r"<!-- fig (?P<spec>.+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
-TABLE = re.compile(r"(?P<head><!-- fig-table (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(?P<tail><!-- /fig-table -->)", re.S)
+TABLE = re.compile(r"(?P<head><!-- fig-table (?P<name>[\w.-]+)(?:\((?P<args>[^()]*)\))? -->\n)(?P<body>.*?)(?P<tail><!-- /fig-table -->)", re.S)
 HEADING = re.compile(r"^#{1,6} ", re.M)
 
 #: results stems whose benchmark module is not their name's prefix
@@ -228,7 +228,11 @@ def render(text: str, results: Optional[Results] = None, where: str = "<text>") 
         if name not in TABLES:
             raise FigureError(f"{where}: no table {name!r} in benchmarks/figures.py")
         results.used = set()
-        body = TABLES[name](results).rstrip("\n") + "\n"
+        args = [a.strip() for a in match["args"].split(",")] if match["args"] else []
+        try:
+            body = TABLES[name](results, *args).rstrip("\n") + "\n"
+        except TypeError as exc:
+            raise FigureError(f"{where}: table {name}: {exc}") from None
         check_command(match.start(), f"table {name}", results.used)
         return match["head"] + body + match["tail"]
 
@@ -987,6 +991,54 @@ def _mean_raw(r: Results, pair_set: str, kind: str) -> float:
 def _scripted_rate(r: Results) -> float:
     """Evaluations finished per second by the scripted host in the model-free latency run."""
     return r.get("model_host_latency_scripted:variants.scripted-host.evaluations_finished") / r.get("model_host_latency_scripted:seconds")
+
+
+# ---- docs/quality.md, against the other methods: compare_default.json (python -m benchmarks.compare_default)
+
+COMPARE_COLUMNS = ["ragas_judge_intent (default)", "ragas_intent (previous)", "ragas_judge", "intent", "judge component"]
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.2f}"
+
+
+@table("compare_default.pairs")
+def _compare_default_pairs(r: Results, pair_set: str) -> str:
+    header = ["kind", "rows", "**ragas_judge_intent** (default)", "ragas_intent (previous)", "ragas_judge", "intent", "judge component", "default - previous [95% CI]"]
+    rows = []
+    for cand, cell in r.get(f"compare_default:{pair_set}").items():
+        difference = cell["ragas_judge_intent (default)"] - cell["ragas_intent (previous)"]
+        low, high = cell["default_minus_previous_ci"]
+        rows.append([cand.replace("_answer", ""), str(cell["n"]), *[fmt(cell[c], ".2f") for c in COMPARE_COLUMNS], f"{_signed(difference)} [{_signed(low)}, {_signed(high)}]"])
+    return md_table(header, rows, ["---", "---:"] + ["---"] * 6)
+
+
+@derived("compare_default.previous_echo_losses")
+def _compare_echo_losses(r: Results, pair_set: str) -> float:
+    """The share of a set's echo pairs ``ragas_intent`` (the default before ``ragas_judge``) ranks
+    wrong: 1 - its pairwise accuracy."""
+    return 1 - r.get(f"compare_default:{pair_set}.echo_answer")["ragas_intent (previous)"]
+
+
+@derived("compare_default.min_echo_hedge")
+def _compare_min_echo_hedge(r: Results) -> float:
+    """The default's lowest pairwise accuracy over the echo and hedge pairs of both languages."""
+    return min(r.get(f"compare_default:{s}.{k}_answer")["ragas_judge_intent (default)"] for s in ("pairs_en", "pairs_zh") for k in ("echo", "hedge"))
+
+
+@derived("compare_default.none_below_zero")
+def _compare_none_below_zero(r: Results) -> str:
+    """'no interval lies below 0' when every default-minus-previous interval's upper end is >= 0
+    (else the kinds where it is worse beyond noise)."""
+    worse = [f"{s} {k}" for s in ("pairs_en", "pairs_zh", "wikieval") for k, c in r.get(f"compare_default:{s}").items() if c["default_minus_previous_ci"][1] < 0]
+    return "no interval lies below 0" if not worse else "worse beyond noise on " + ", ".join(worse)
+
+
+@derived("compare_default.wikieval_default_wins")
+def _wikieval_default(r: Results) -> str:
+    """'N of n': WikiEval pairs the default ranks right."""
+    cell = r.get("compare_default:wikieval.poor_answer")
+    return f"{cell['ragas_judge_intent (default)'] * cell['n']:.0f} of {cell['n']}"
 
 #__DOCS__
 
