@@ -1040,6 +1040,23 @@ def _wikieval_default(r: Results) -> str:
     cell = r.get("compare_default:wikieval.poor_answer")
     return f"{cell['ragas_judge_intent (default)'] * cell['n']:.0f} of {cell['n']}"
 
+
+@derived("production_mix.healthy_low_label_share")
+def _healthy_low_label_share(r: Results) -> float:
+    """The expected share of answers labelled does_not_address or somewhat_related on healthy
+    traffic as tests/test_alerting.py draws it from production_mix_rows.json: a reference answer
+    with the prior's probability, else a variant of a uniformly drawn kind (pair sets and
+    WikiEval, not the human set)."""
+    data = r("production_mix_rows")
+    rows = [row for row in data["rows"] if row["set"] != "human"]
+
+    def low(kind: str) -> float:
+        chosen = [row for row in rows if row["kind"] == kind]
+        return sum(row["label"] in ("does_not_address", "somewhat_related") for row in chosen) / len(chosen)
+
+    variants = ["echo", "hedge", "evasive", "off_topic", "padded", "incomplete"]
+    return data["prior"] * low("reference") + (1 - data["prior"]) * sum(low(k) for k in variants) / len(variants)
+
 #__DOCS__
 
 # --------------------------------------------------------------------------------------------
