@@ -55,7 +55,8 @@ class FigureError(Exception):
     """A marker that cannot be rendered: an unknown results file, key, derivation or table."""
 
 
-FIG = re.compile(r"<!-- fig (?P<spec>.+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
+#: a marker quoted in inline code (after a backtick) is an example, not a figure
+FIG = re.compile(r"(?<!`)<!-- fig (?P<spec>.+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
 TABLE = re.compile(r"(?P<head><!-- fig-table (?P<name>[\w.-]+)(?:\((?P<args>[^()]*)\))? -->\n)(?P<body>.*?)(?P<tail><!-- /fig-table -->)", re.S)
 HEADING = re.compile(r"^#{1,6} ", re.M)
 

@@ -108,3 +108,11 @@ def test_every_results_file_has_the_benchmark_that_writes_it():
         if path.name.endswith((".json", ".json.gz", ".jsonl.gz")):
             module = figures.module_of(path.name.split(".")[0])
             assert (ROOT / "benchmarks" / f"{module}.py").exists(), path.name
+
+
+def test_a_marker_quoted_in_inline_code_is_an_example_not_a_figure(tmp_path, results):
+    page = tmp_path / "page.md"
+    text = "# Page\n\nA figure is written `<!-- fig FILE:KEY.PATH .2f -->` ... `<!-- /fig -->`.\n"
+    page.write_text(text, encoding="utf-8")
+    assert _check(page, results, "--check") == 0
+    assert page.read_text(encoding="utf-8") == text
