@@ -45,9 +45,9 @@ from ._paths import ROOT
 
 RESULTS = ROOT / "benchmarks" / "results"
 
-#: the pages whose figures are rendered (docs/design-notes.md is history: it holds no marker)
 def default_pages(root: Path = ROOT) -> list[Path]:
-    """README.md, benchmarks/README.md and every page of docs/ under ``root``."""
+    """The pages whose figures are rendered: README.md, benchmarks/README.md and every page of
+    docs/ under ``root`` (docs/design-notes.md is history and holds no marker)."""
     return [root / "README.md", root / "benchmarks" / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
@@ -58,7 +58,6 @@ class FigureError(Exception):
 #: a marker quoted in inline code (after a backtick) is an example, not a figure
 FIG = re.compile(r"(?<!`)<!-- fig (?P<spec>.+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
 TABLE = re.compile(r"(?P<head><!-- fig-table (?P<name>[\w.-]+)(?:\((?P<args>[^()]*)\))? -->\n)(?P<body>.*?)(?P<tail><!-- /fig-table -->)", re.S)
-HEADING = re.compile(r"^#{1,6} ", re.M)
 
 #: results stems whose benchmark module is not their name's prefix
 MODULE_OVERRIDES = {"calibration": "fit_calibration", "refusal_similarities": "production_mix"}
@@ -131,6 +130,10 @@ class Results:
         raise FigureError(f"{ref!r} has no interval ({last}_ci or ci beside it)")
 
 
+#: what a derivation or table raises on results it cannot read (reported as a FigureError)
+DERIVATION_ERRORS = (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError)
+
+
 def fmt(value: Any, spec: str = "") -> str:
     """``value`` in the Python format ``spec``; no spec: ``str(value)`` (JSON's own digits)."""
     if value is None:
@@ -171,8 +174,8 @@ def render_figure(spec: str, results: Results) -> str:
         args = [a.strip() for a in call["args"].split(",")] if call["args"] else []
         try:
             value = DERIVED[name](results, *args)
-        except TypeError as exc:
-            raise FigureError(f"{source!r}: {exc}") from None
+        except DERIVATION_ERRORS as exc:  # a key missing from a results file, a wrong argument
+            raise FigureError(f"{source!r}: {type(exc).__name__}: {exc}") from None
         if show_ci:
             value, interval = value
             return with_ci(value, interval, spec_format)
@@ -232,8 +235,9 @@ def render(text: str, results: Optional[Results] = None, where: str = "<text>") 
         args = [a.strip() for a in match["args"].split(",")] if match["args"] else []
         try:
             body = TABLES[name](results, *args).rstrip("\n") + "\n"
-        except TypeError as exc:
-            raise FigureError(f"{where}: table {name}: {exc}") from None
+        except DERIVATION_ERRORS as exc:  # a key missing from a results file, a wrong argument
+            line = text.count("\n", 0, match.start()) + 1
+            raise FigureError(f"{where}:{line}: table {name}: {type(exc).__name__}: {exc}") from None
         check_command(match.start(), f"table {name}", results.used)
         return match["head"] + body + match["tail"]
 
@@ -1058,7 +1062,6 @@ def _healthy_low_label_share(r: Results) -> float:
     variants = ["echo", "hedge", "evasive", "off_topic", "padded", "incomplete"]
     return data["prior"] * low("reference") + (1 - data["prior"]) * sum(low(k) for k in variants) / len(variants)
 
-#__DOCS__
 
 # --------------------------------------------------------------------------------------------
 

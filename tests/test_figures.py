@@ -116,3 +116,11 @@ def test_a_marker_quoted_in_inline_code_is_an_example_not_a_figure(tmp_path, res
     page.write_text(text, encoding="utf-8")
     assert _check(page, results, "--check") == 0
     assert page.read_text(encoding="utf-8") == text
+
+
+def test_a_table_whose_results_lack_a_key_fails_the_check(tmp_path, results, capsys, monkeypatch):
+    monkeypatch.setitem(figures.TABLES, "calibration.production_mix", lambda r: f"| ece |\n| --- |\n| {r('production_mix')['calibration']['pairs_all']['ece']} |")
+    page = tmp_path / "page.md"
+    page.write_text(PAGE.format(ece="0.028 [0.022, 0.052]"), encoding="utf-8")
+    assert _check(page, results, "--check") == 2
+    assert "table calibration.production_mix: KeyError: 'pairs_all'" in capsys.readouterr().err
