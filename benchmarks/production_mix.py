@@ -24,7 +24,7 @@ embedder (the same unit vectors the method computes) and cached in
     python -m benchmarks.production_mix --prior 0.9
 
 Also written: ``production_mix_rows.json``, one row per scored answer (set, kind, person's label,
-score, label, failure kind), which the alert tests draw their metric series from.
+raw score, score, label, failure kind), which the alert tests draw their metric series from.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = scored_rows(args.records, args.calibration, args.prior)
     out = report(rows, prior)
     args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    args.rows_out.write_text(json.dumps({"prior": prior, "rows": [{k: r[k] for k in ("set", "kind", "relevant", "score", "label", "failure_kind")} for r in rows]}, separators=(",", ":")) + "\n", encoding="utf-8")
+    args.rows_out.write_text(json.dumps({"prior": prior, "rows": [{k: r[k] for k in ("set", "kind", "relevant", "raw", "score", "label", "failure_kind")} for r in rows]}, separators=(",", ":")) + "\n", encoding="utf-8")
     print(markdown(out))
     return 0
 
