@@ -408,6 +408,52 @@ def test_fork_while_the_worker_is_busy_and_locks_are_held(tracing, otel, server)
     relevancy_tracer.shutdown(1)
 
 
+FORK_MID_EVALUATION_APP = textwrap.dedent(
+    """
+    import gc, json, os, sys
+    import relevancy_tracer
+    from relevancy_tracer.tracing import lifecycle
+
+    relevancy_tracer.configure(attach="evaluation_span")
+
+    @relevancy_tracer.trace(name="forked_mid")
+    def answer(question):
+        return "France is in western Europe and Paris is its capital."
+
+    answer("Where is France and what is its capital?")
+    sys.stdin.readline()  # the model has the request and never answers it
+    pid = os.fork()
+    if pid == 0:
+        gc.collect()  # the parent's abandoned tasks must not be collected, nor logged
+        answer("Where is France and what is its capital?")
+        ok = relevancy_tracer.flush(15)
+        gc.collect()
+        print("CHILD", json.dumps([ok, lifecycle.current().jobs.depth]), flush=True)
+        relevancy_tracer.shutdown(5)
+        sys.exit(0)
+    print("PARENT", os.waitpid(pid, 0)[1], flush=True)
+    relevancy_tracer.shutdown(1)
+    """
+)
+
+
+def test_a_fork_mid_evaluation_prints_nothing_to_the_apps_stderr(server):
+    """A child forked while the parent's evaluation waits on the model scores its own calls and
+    prints nothing: the parent's pending tasks, abandoned in the child, are neither collected
+    (their finally blocks would run on the child's queue) nor reported ("Task was destroyed
+    but it is pending!" on the app's stderr before)."""
+    server.chat.push(Hang())
+    env = subprocess_env(fake_model_env(server), RELEVANCY_TRACER_METHOD="ragas", OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+    proc = subprocess.Popen([sys.executable, "-c", FORK_MID_EVALUATION_APP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        assert server.wait_for_requests("chat", 1, 60)
+        out, err = proc.communicate("go\n", timeout=120)
+    finally:
+        proc.kill()
+    assert "CHILD [true, 0]" in out and "PARENT 0" in out, (out, err[-3000:])
+    assert err.strip() == "", err[-3000:]
+
+
 BLACK_HOLE_APP = textwrap.dedent(
     """
     import socket, sys, time, threading

@@ -39,6 +39,10 @@ _closers: list[Callable[[], Awaitable[None]]] = []
 _owned: "weakref.WeakSet[asyncio.AbstractEventLoop]" = weakref.WeakSet()
 
 
+
+#: Tasks of the loops a forked child inherited and abandoned (see ``reset_after_fork``).
+_ABANDONED: list = []
+
 class LoopStartError(RuntimeError):
     """The loop's thread could not be started (e.g. the process may not create threads)."""
 
@@ -82,7 +86,21 @@ class BackgroundLoop:
         self._thread: Optional[threading.Thread] = None
 
     def reset_after_fork(self) -> None:
-        """In a forked child: forget the parent's thread and loop (they do not exist here)."""
+        """In a forked child: forget the parent's thread and loop (they do not exist here).
+
+        The parent's pending tasks are kept referenced, never collected: collecting one would
+        run its ``finally`` blocks in the child (on the child's renewed queue) and make asyncio
+        print "Task was destroyed but it is pending!" to the app's stderr. They are at most the
+        parent's in-flight evaluations and their dispatcher, per fork."""
+        old = self._loop
+        if old is not None:
+            try:
+                tasks = asyncio.all_tasks(old)
+                for task in tasks:
+                    task._log_destroy_pending = False  # type: ignore[attr-defined]
+                _ABANDONED.append(tasks)
+            except Exception:  # pragma: no cover - never fail a fork over a log line
+                pass
         self._lock = threading.Lock()
         self._loop = None
         self._thread = None
