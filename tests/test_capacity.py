@@ -39,7 +39,7 @@ class Clock:
 def overloaded(clock: Clock, *, concurrency: int = 2, duration: float = 10.0, offered_per_s: float = 10.0) -> Capacity:
     """A controller that measured ``duration`` s per evaluation with every slot busy and
     ``offered_per_s`` calls a second for a minute."""
-    capacity = Capacity(concurrency, 60.0, clock=clock, warmup=0)
+    capacity = Capacity(concurrency, 60.0, clock=clock, warmup=False)
     capacity.observe(duration, busy=True)
     for _ in range(60):
         clock.now += 1.0
@@ -85,7 +85,7 @@ def test_the_threshold_nests_in_the_sample_ratio_the_calls_were_sampled_at():
     import random
 
     clock = Clock()
-    capacity = Capacity(2, 60.0, clock=clock, base_ratio=0.1, warmup=0)
+    capacity = Capacity(2, 60.0, clock=clock, base_ratio=0.1, warmup=False)
     capacity.observe(10.0, busy=True)
     for _ in range(60):
         clock.now += 1.0
@@ -98,7 +98,7 @@ def test_the_threshold_nests_in_the_sample_ratio_the_calls_were_sampled_at():
 
 
 def test_expected_wait_bounds_the_depth_but_an_idle_scorer_always_takes_a_call():
-    capacity = Capacity(4, 60.0, warmup=0)
+    capacity = Capacity(4, 60.0, warmup=False)
     assert capacity.admit(1, 10**6) is None  # nothing measured yet: no bound
     capacity.observe(20.0, busy=True)  # 4 slots, 20 s each: 0.2/s; 60 s * 0.9 fits 10 evaluations
     assert capacity.max_depth == 10
@@ -119,14 +119,18 @@ def test_a_call_that_can_start_at_once_is_taken_whatever_its_trace_id():
 
 
 def test_the_first_evaluation_loads_the_models_and_is_not_measured():
-    """A cold start (the host loading its weights) took 200 s; warm evaluations take 10 s. A
-    burst right after the cold one is admitted (no bound yet: fails when the cold duration is
+    """A cold start (the host loading its weights) took 200 s for the first evaluation and the
+    one started with it; warm evaluations take 10 s. A burst right after the cold ones is admitted (no bound yet: fails when the cold duration is
     measured, which allows only an idle scorer to take a call), and the warm ones set the bound."""
-    capacity = Capacity(2, 60.0)
+    clock = Clock()
+    capacity = Capacity(2, 60.0, clock=clock)
+    clock.now += 200.0
     capacity.observe(200.0, busy=False)
+    clock.now += 20.0
+    capacity.observe(210.0, busy=False)  # started with the first: cold too
     assert capacity.rate is None and capacity.max_depth == math.inf
     assert all(capacity.admit(1, depth) is None for depth in range(6))
-    capacity.observe(10.0, busy=True)
+    capacity.observe(10.0, busy=True)  # started after the first finished: warm
     assert capacity.rate == pytest.approx(0.2) and capacity.max_depth == 10  # 2 slots x 60 s x 0.9 / 10 s
 
 
@@ -161,7 +165,7 @@ class FakeJob:
 
 
 def test_a_queued_job_that_can_no_longer_finish_is_not_started():
-    capacity = Capacity(1, 600.0, warmup=0)
+    capacity = Capacity(1, 600.0, warmup=False)
     capacity.observe(100.0, busy=True)  # one evaluation takes 100 s
     queue = JobQueue(queue_size=10, concurrency=1, capacity=capacity)
     gate = threading.Event()
@@ -231,10 +235,12 @@ def test_the_effective_sample_ratio_is_a_metric():
 def test_calls_over_capacity_end_at_once_with_status_capacity_never_timeout(tracing, otel, server):
     tracing(concurrency=1, hold_timeout=30.0)
     capacity = lifecycle.current().capacity
-    frozen = capacity._last_update
-    capacity._clock = lambda: frozen  # the offered rate stays unmeasured: only the expected wait sheds
+    clock = Clock()
+    clock.now = capacity._last_update
+    capacity._clock = clock  # no call offered while it moves: only the expected wait sheds
     capacity.observe(30.0, busy=True)  # the first evaluation loads the models: not measured
     assert capacity.duration is None and capacity.max_depth == math.inf
+    clock.now += 20.0
     capacity.observe(20.0, busy=True)  # 20 s each: one evaluation fits 30 s
     gate = threading.Event()
     server.chat.push(Gate(gate))

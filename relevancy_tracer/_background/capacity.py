@@ -10,10 +10,11 @@ O(1) reads on the caller's thread:
   weighted mean duration of evaluations that started while every slot was busy (until one
   did: of any evaluation). ``D`` is what this process sees, so it includes the time spent
   waiting for a model host shared with other processes: each process measures its own share.
-  The first :data:`WARMUP` evaluations of a process are not measured: they include loading the
-  models (the embedded host's weights, an endpoint's connection), often several times a warm
-  evaluation, and a burst arriving right after them would be shed for a slowness that is gone.
-  Until a measurement exists there is no depth bound (the queue's deadline check still applies).
+  A process's first evaluation, and every evaluation started before it finished, are not
+  measured: they include loading the models (the embedded host's weights, an endpoint's
+  connection), often several times a warm evaluation, and a burst arriving right after them
+  would be shed for a slowness that is gone. Until a measurement exists there is no depth
+  bound (the queue's deadline check still applies).
 * **Fair sample.** From the offered rate ``L`` (calls submitted per second, smoothed over about
   :data:`WINDOW` seconds) the effective sample ratio is ``r = min(1, HEADROOM * capacity / L)``,
   applied as a threshold on the trace id with the rule of the ratio sampler (lower 64 bits below
@@ -54,8 +55,6 @@ ALPHA = 0.25
 HEADROOM = 1.1
 #: Share of the budget an admitted call is expected to use (room for the estimate's error).
 SAFETY = 0.9
-#: Evaluations of a process not measured: they include loading the models.
-WARMUP = 1
 
 
 class Capacity:
@@ -70,7 +69,8 @@ class Capacity:
             the admission's threshold is ``ratio * base_ratio * 2**64``, nested in it
             (consistent sampling: the admitted calls are a fair sample of the offered ones).
         clock: monotonic seconds (injectable for tests).
-        warmup: first evaluations not measured (default :data:`WARMUP`; >= 0).
+        warmup: when True (the default), the first evaluation to finish and every one started
+            before it finished are not measured (they include loading the models).
 
     Attributes (read without a lock; written on the background loop):
         ratio: the effective sample ratio in [0, 1] (the share of offered calls admitted by the
@@ -80,7 +80,7 @@ class Capacity:
             admitted.
     """
 
-    def __init__(self, concurrency: int, budget: float, clock: Callable[[], float] = time.monotonic, base_ratio: float = 1.0, warmup: int = WARMUP):
+    def __init__(self, concurrency: int, budget: float, clock: Callable[[], float] = time.monotonic, base_ratio: float = 1.0, warmup: bool = True):
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if not budget > 0:
@@ -89,7 +89,8 @@ class Capacity:
         self.budget = float(budget)
         self.base_ratio = min(1.0, max(0.0, float(base_ratio))) or 1.0
         self._clock = clock
-        self.warmup = max(0, int(warmup))  # evaluations still to skip
+        # the first evaluation's finish (monotonic s): evaluations started before it are cold
+        self.warm_since: Optional[float] = None if warmup else -math.inf
         self.duration: Optional[float] = None  # mean duration with every slot busy
         self._duration_any: Optional[float] = None  # mean duration of any evaluation
         self.offered = 0  # calls offered (incremented under the job queue's lock)
@@ -132,11 +133,15 @@ class Capacity:
 
     def observe(self, seconds: float, busy: bool) -> None:
         """One evaluation ran for ``seconds``; ``busy``: every slot was taken when it started.
-        The first ``warmup`` calls are not measured (they include loading the models)."""
-        if self.warmup > 0:
-            self.warmup -= 1
-            return
+        With ``warmup``, the first evaluation to finish and those started before it finished
+        are not measured (they include loading the models)."""
         seconds = max(0.0, float(seconds))
+        now = self._clock()
+        if self.warm_since is None:
+            self.warm_since = now
+            return
+        if now - seconds < self.warm_since:
+            return
         self._duration_any = seconds if self._duration_any is None else self._duration_any + ALPHA * (seconds - self._duration_any)
         if busy:
             self.duration = seconds if self.duration is None else self.duration + ALPHA * (seconds - self.duration)
