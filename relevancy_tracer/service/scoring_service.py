@@ -3,10 +3,10 @@ this package.
 
 :class:`ScoringService` receives OTLP traces and logs (``receiver.py``), reads the spans to
 score (``selection.py``: OpenInference, Vercel AI SDK, Langfuse, Traceloop and GenAI
-attributes, filters), holds each trace's candidates until its outermost call is known (``decision.py``:
-once per call whatever the batching, retries recognised), applies the decorator's samplers,
-joins GenAI content that travels as log events to its span (``join.py``, in this process,
-before queueing), counts spans that look like calls but yield nothing
+attributes, filters), holds each trace's candidates until its outermost call is known
+(``decision.py``: once per call whatever the batching, retries recognised), applies the
+decorator's samplers, joins GenAI content that travels as log events to its span (``join.py``,
+in this process, before queueing), counts spans that look like calls but yield nothing
 (``relevancy.service.skipped``) and queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest`
 per span, a whole export request or nothing: in process (the decorator's bounded
 :class:`~relevancy_tracer._background.jobqueue.JobQueue`, the default), or on a Redis Stream
