@@ -7,7 +7,8 @@ Environments (``tests/sources/``): Python venvs from ``NAME.txt`` pins, and the 
 Node project (``vercel/package.json`` + ``package-lock.json``, ``npm ci``), built once under
 ``~/.cache/relevancy-tracer/sources/`` (``$XDG_CACHE_HOME``) keyed by the hash of their pins, so
 a fresh clone reuses them (pip and npm cache their downloads too). Building all of them took
-325 s on this 2-core machine with pip's cache warm; with them built the matrix runs in ~40 s. Each
+325 s on this 2-core machine with pip's cache warm, plus 23 s for the traceloop-sdk one (32 s
+with an empty pip cache); with them built the matrix runs in ~40 s. Each
 case runs with a ``SimpleSpanProcessor`` (every span exported alone) and a
 ``BatchSpanProcessor``; the simple one through a proxy that answers the first export request
 503 after `serve` took it, so the exporter re-sends it (a retry of a request already taken).
@@ -64,6 +65,7 @@ MATRIX = [
     ("openinference_llama_index", "openinference_llama_index", "openinference"),  # query and chat engines: nested CHAIN and LLM spans
     ("langfuse", "langfuse", "langfuse"),  # langfuse.observation.input / output: an @observe span around a generation
     ("logfire", "logfire", "genai"),  # OpenTelemetry mode; "simple" exports every span twice
+    ("traceloop_workflow", "traceloop_0_62_4", "traceloop"),  # Traceloop.init: @workflow > @task > openai.chat; the workflow is scored
 ]
 
 

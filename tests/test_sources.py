@@ -23,7 +23,7 @@ from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.service import selection as selection_module
 from relevancy_tracer.service.decision import COVERED, DUPLICATE, EARLY, LATE, ROOT, WINDOW, DecisionWindow
 from relevancy_tracer.service.otlp import ReceivedSpan
-from relevancy_tracer.service.selection import CANDIDATE, SKIPPED, SpanSelector
+from relevancy_tracer.service.selection import CANDIDATE, IGNORED, SKIPPED, SpanSelector
 
 from .conftest import openai_settings
 from .test_service import backend, evaluator_spans  # noqa: F401 - backend is a fixture
@@ -95,6 +95,12 @@ LANGFUSE_GENERATION = {"langfuse.observation.type": "generation", "langfuse.obse
 LANGFUSE_OBSERVE_MESSAGES = {"langfuse.observation.type": "span", "langfuse.observation.input": json.dumps({"args": [HISTORY[1:]], "kwargs": {}}), "langfuse.observation.output": "On the Rhone."}
 LANGFUSE_OBSERVE = {"langfuse.observation.type": "span", "langfuse.observation.input": json.dumps({"args": ["On which river?"], "kwargs": {}}), "langfuse.observation.output": json.dumps("On the Rhone.")}
 
+#: traceloop-sdk 0.62.4: an @workflow function of the chat messages (its answer.workflow span;
+#: the openai.chat span inside it carries gen_ai.input.messages / gen_ai.output.messages), and an
+#: @agent function of a question
+TRACELOOP_WORKFLOW = {"traceloop.workflow.name": "answer", "traceloop.span.kind": "workflow", "traceloop.entity.name": "answer", "traceloop.entity.input": json.dumps({"args": [HISTORY[1:]], "kwargs": {}}), "traceloop.entity.output": json.dumps("On the Rhone.")}
+TRACELOOP_AGENT = {"traceloop.span.kind": "agent", "traceloop.entity.name": "helper", "traceloop.entity.input": json.dumps({"args": ["On which river?"], "kwargs": {}}), "traceloop.entity.output": json.dumps("On the Rhone.")}
+
 
 @pytest.mark.parametrize(
     "attributes, convention",
@@ -108,8 +114,10 @@ LANGFUSE_OBSERVE = {"langfuse.observation.type": "span", "langfuse.observation.i
         (LANGFUSE_OBSERVE, "langfuse"),
         (LANGFUSE_OBSERVE_MESSAGES, "langfuse"),
         (LLAMA_INDEX_CHAT, "openinference"),
+        (TRACELOOP_WORKFLOW, "traceloop"),
+        (TRACELOOP_AGENT, "traceloop"),
     ],
-    ids=["openinference-openai", "openinference-vercel-agent", "openinference-vercel-llm", "vercel-ai", "vercel-ai-doGenerate", "langfuse-generation", "langfuse-observe", "langfuse-observe-messages", "llama-index-chat-engine"],
+    ids=["openinference-openai", "openinference-vercel-agent", "openinference-vercel-llm", "vercel-ai", "vercel-ai-doGenerate", "langfuse-generation", "langfuse-observe", "langfuse-observe-messages", "llama-index-chat-engine", "traceloop-workflow", "traceloop-agent"],
 )
 def test_each_source_reads_the_last_user_turn_and_the_reply(attributes, convention):
     """The question is the last user turn (never the system prompt holding the context, nor
@@ -150,6 +158,14 @@ def test_a_tool_call_reply_is_skipped_with_its_reason():
     assert SpanSelector().read(span(attributes)) == (SKIPPED, ("openinference", "tool_call"))
 
 
+def test_traceloop_tasks_and_tools_are_steps_not_calls():
+    """A Traceloop @task or @tool span is a step of its workflow or agent (a tool's input is its
+    arguments, not the user's question): never a candidate, never counted as skipped."""
+    for kind in ("task", "tool"):
+        assert SpanSelector().read(span({**TRACELOOP_AGENT, "traceloop.span.kind": kind})) == (IGNORED, None)
+    assert SpanSelector().read(span({**TRACELOOP_WORKFLOW, "traceloop.entity.input": json.dumps({"args": [HISTORY[1:], "user-7"], "kwargs": {}})})) == (SKIPPED, ("traceloop", "unknown_json"))
+
+
 def test_openllmetry_events_mode_span_awaits_its_content_events():
     """OpenLLMetry 0.52.6 in events mode sets llm.request.type=chat and no
     gen_ai.operation.name: the span is held for its gen_ai.* events."""
@@ -173,6 +189,7 @@ def test_the_question_is_always_the_last_user_turn(before, question, after, syst
         {"openinference.span.kind": "AGENT", "input.value": json.dumps({"system": system, "messages": messages}), "output.value": "A."},
         {"ai.operationId": "ai.streamText", "ai.prompt": json.dumps({"system": system, "messages": messages}), "ai.response.text": "A."},
         {"langfuse.observation.type": "generation", "langfuse.observation.input": json.dumps(messages), "langfuse.observation.output": json.dumps("A.")},
+        {"traceloop.span.kind": "workflow", "traceloop.entity.input": json.dumps({"args": [messages], "kwargs": {}}), "traceloop.entity.output": json.dumps("A.")},
     ]
     for attributes in forms:
         assert selector.texts(span(attributes))[0] == question
@@ -184,7 +201,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size
 @given(value=JSON, answer=JSON)
 @settings(max_examples=200, deadline=None)
 def test_any_json_value_is_read_or_skipped_never_raises(value, answer):
-    for attributes in ({"openinference.span.kind": "CHAIN", "input.value": json.dumps(value), "input.mime_type": "application/json", "output.value": json.dumps(answer), "output.mime_type": "application/json"}, {"langfuse.observation.type": "agent", "langfuse.observation.input": json.dumps(value), "langfuse.observation.output": json.dumps(answer)}, {"ai.operationId": "ai.generateText", "ai.prompt": json.dumps(value), "ai.response.text": "A."}):
+    for attributes in ({"openinference.span.kind": "CHAIN", "input.value": json.dumps(value), "input.mime_type": "application/json", "output.value": json.dumps(answer), "output.mime_type": "application/json"}, {"langfuse.observation.type": "agent", "langfuse.observation.input": json.dumps(value), "langfuse.observation.output": json.dumps(answer)}, {"traceloop.span.kind": "workflow", "traceloop.entity.input": json.dumps(value), "traceloop.entity.output": json.dumps(answer)}, {"ai.operationId": "ai.generateText", "ai.prompt": json.dumps(value), "ai.response.text": "A."}):
         verdict, found = SpanSelector().read(span(attributes))
         assert verdict in (CANDIDATE, SKIPPED)
         if verdict == CANDIDATE:
@@ -202,9 +219,10 @@ def test_nested_json_is_parsed_once_per_attribute_whatever_its_depth(monkeypatch
     monkeypatch.setattr(selection_module.json, "dumps", lambda value, *a, **k: calls.append(-1) or real_dumps(value, *a, **k))
     for inner in ('{"input": ', '{"messages": [', '{"a": {"b": '):
         nested = (inner * depth + '"x"' + ("]}" if "[" in inner else "}}" if '"b"' in inner else "}") * depth)[:32_000]
-        calls.clear()
-        SpanSelector().read(span({"openinference.span.kind": "CHAIN", "input.value": nested, "input.mime_type": "application/json", "output.value": nested, "output.mime_type": "application/json"}))
-        assert len(calls) <= 2 and -1 not in calls, (inner, len(calls))
+        for attributes in ({"openinference.span.kind": "CHAIN", "input.value": nested, "input.mime_type": "application/json", "output.value": nested, "output.mime_type": "application/json"}, {"traceloop.span.kind": "workflow", "traceloop.entity.input": nested, "traceloop.entity.output": nested}):
+            calls.clear()
+            SpanSelector().read(span(attributes))
+            assert len(calls) <= 2 and -1 not in calls, (inner, len(calls))
 
 
 # ------------------------------------------------------------------------------ the decision window
@@ -381,6 +399,49 @@ def test_serve_scores_a_trace_split_over_requests_and_retries_once_and_counts_wh
     assert service.skipped_spans == {("openinference", "unknown_json"): 3}
     logged = [r.getMessage() for r in caplog.records if "yields no question or answer" in r.getMessage()]
     assert len(logged) == 1 and "input.value" in logged[0] and "openinference.span.kind" in logged[0] and "SECRET" not in logged[0]
+
+
+def genai_chat(messages: list, reply: str) -> dict:
+    """openllmetry 0.62.4's openai.chat span attributes (gen_ai.* content on the span)."""
+    return {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.input.messages": json.dumps([{"role": m["role"], "parts": [{"type": "text", "content": m["content"]}]} for m in messages]), "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": reply}], "finish_reason": "stop"}])}
+
+
+def test_serve_scores_a_traceloop_workflow_once_with_its_question_not_each_llm_call(server, backend):
+    """traceloop-sdk: an @workflow (the trace root) whose @tasks make two chat calls, a query
+    rewrite and the answer, exported span by span as its SimpleSpanProcessor does (children
+    first): one evaluation, on the workflow span, with the user's question and the workflow's
+    answer; the rewrite call is not scored as a call of its own. A workflow whose input holds
+    no known question (two arguments) is not guessed from: its chat call is scored instead,
+    and the workflow is not counted skipped (the call in it was scored)."""
+    from relevancy_tracer.service import ScoringService
+
+    service = ScoringService(openai_settings(server, capture_content=True, decision_wait=30.0), http_port=0, grpc_port=None).start()
+    first, second = os.urandom(16), os.urandom(16)
+    ids = {i: os.urandom(8) for i in range(10)}
+    rewrite = [{"role": "user", "content": "Rewrite as a search query: On which river?"}]
+    task = {"traceloop.workflow.name": "answer", "traceloop.span.kind": "task"}
+    spans = [
+        otlp_span(genai_chat(rewrite, "Lyon river"), first, ids[3], ids[2], "openai.chat"),
+        otlp_span({**task, "traceloop.entity.name": "rewrite", "traceloop.entity.input": json.dumps({"args": ["On which river?"], "kwargs": {}}), "traceloop.entity.output": json.dumps("Lyon river")}, first, ids[2], ids[1], "rewrite.task"),
+        otlp_span(genai_chat(HISTORY, "On the Rhone."), first, ids[5], ids[4], "openai.chat"),
+        otlp_span({**task, "traceloop.entity.name": "generate", "traceloop.entity.input": json.dumps({"args": [HISTORY[1:]], "kwargs": {}}), "traceloop.entity.output": json.dumps("On the Rhone.")}, first, ids[4], ids[1], "generate.task"),
+        otlp_span(TRACELOOP_WORKFLOW, first, ids[1], b"", "answer.workflow"),
+        otlp_span(genai_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is Lyon?"}], "In France."), second, ids[7], ids[6], "openai.chat"),
+        otlp_span({**TRACELOOP_WORKFLOW, "traceloop.entity.input": json.dumps({"args": [[{"role": "user", "content": "Where is Lyon?"}], "user-7"], "kwargs": {}})}, second, ids[6], b"", "answer.workflow"),
+    ]
+    try:
+        for one in spans:
+            assert post(service, one) == 200
+        assert service.flush(30)
+        evaluations = backend.wait_for_spans(lambda s: len(evaluator_spans(s)) >= 2, timeout=30)
+        assert service.flush(10)
+    finally:
+        service.stop(10)
+    assert sorted((s["trace_id"], s["parent_span_id"]) for s in evaluator_spans(backend.spans)) == sorted([(first.hex(), ids[1].hex()), (second.hex(), ids[7].hex())])
+    assert service.accepted == 2
+    embedded = json.dumps([r["input"] for r in server.requests_to("embeddings")] + [r["messages"] for r in server.requests_to("chat")])
+    assert "On which river?" in embedded and "Where is Lyon?" in embedded and "Rewrite as a search query" not in embedded and SYSTEM not in embedded
+    assert not service.skipped_spans, service.skipped_spans
 
 
 def test_the_window_holds_bounded_memory_at_its_default_size():

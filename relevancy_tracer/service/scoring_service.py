@@ -2,11 +2,11 @@
 this package.
 
 :class:`ScoringService` receives OTLP traces and logs (``receiver.py``), reads the spans to
-score (``selection.py``: OpenInference, Vercel AI SDK, Langfuse and GenAI attributes,
-filters), holds each trace's candidates until its outermost call is known (``decision.py``:
-once per call whatever the batching, retries recognised), applies the decorator's samplers,
-joins GenAI content that travels as log events to its span (``join.py``, in this process,
-before queueing), counts spans that look like calls but yield nothing
+score (``selection.py``: OpenInference, Vercel AI SDK, Langfuse, Traceloop and GenAI
+attributes, filters), holds each trace's candidates until its outermost call is known
+(``decision.py``: once per call whatever the batching, retries recognised), applies the
+decorator's samplers, joins GenAI content that travels as log events to its span (``join.py``,
+in this process, before queueing), counts spans that look like calls but yield nothing
 (``relevancy.service.skipped``) and queues one :class:`~relevancy_tracer.service.jobs.ScoreRequest`
 per span, a whole export request or nothing: in process (the decorator's bounded
 :class:`~relevancy_tracer._background.jobqueue.JobQueue`, the default), or on a Redis Stream
@@ -106,9 +106,9 @@ class ScoringService:
             ``evaluation_timeout``, ``phoenix_url``, ``service_token``,
             ``max_request_bytes`` and the ``receiver_*`` bounds (default: from the environment).
         selection: which spans to score (default: OpenInference CHAIN/AGENT/LLM, Vercel AI SDK,
-            Langfuse and GenAI spans, outermost per trace, the settings' ``sample_ratio`` and
-            ``rate_limit``). The settings' ``decision_wait`` and ``decision_max_traces`` size
-            the decision window (``decision_wait=0``: outermost within each request).
+            Langfuse, Traceloop workflow or agent and GenAI spans, outermost per trace, the
+            settings' ``sample_ratio`` and ``rate_limit``). The settings' ``decision_wait`` and
+            ``decision_max_traces`` size the decision window (``decision_wait=0``: outermost within each request).
         queue_url: ``redis://host:port/db`` to queue on a Redis Stream for a fleet of
             :class:`~relevancy_tracer.service.fleet_worker.FleetWorker`; None to score in this process.
         host, http_port, grpc_port: where to listen (0: a free port; None: protocol off).

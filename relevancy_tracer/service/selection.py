@@ -14,6 +14,10 @@ a system, tool or assistant message, a model name or a template; the answer is t
   ``.doGenerate`` / ``.doStream`` calls): ``ai.prompt`` / ``ai.prompt.messages`` and
   ``ai.response.text``.
 * **Langfuse** (its SDK's OpenTelemetry export): ``langfuse.observation.input`` / ``.output``.
+* **Traceloop** (``traceloop-sdk``'s ``@workflow`` and ``@agent`` decorators, whose spans carry
+  ``traceloop.span.kind``): ``traceloop.entity.input`` / ``.output`` (JSON of the function's
+  ``{"args", "kwargs"}`` and its return value). Its ``@task`` and ``@tool`` spans are steps of
+  one, not calls; the LLM calls inside carry GenAI attributes (below).
 * **GenAI semantic conventions**: ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (JSON
   ``[{"role": "user", "parts": [{"type": "text", "content": "..."}]}]``): the question is the last
   user message's text parts, the answer the assistant messages' text parts; and the older
@@ -22,8 +26,8 @@ a system, tool or assistant message, a model name or a template; the answer is t
 
 A JSON value of no known shape yields nothing (reason ``unknown_json``): nothing is guessed. A
 span that looks like a call (an OpenInference kind, a Vercel AI SDK generation, a Langfuse
-generation, agent or chain) but yields no question or answer is :class:`Skipped` with its
-source and reason, for the service to count. Each attribute value is parsed at most once and
+generation, agent or chain, a Traceloop workflow or agent) but yields no question or answer is
+:class:`Skipped` with its source and reason, for the service to count. Each attribute value is parsed at most once and
 walked along known keys only: the CPU cost is linear in the span's size whatever its nesting.
 
 A GenAI inference span (``gen_ai.operation.name`` chat, text_completion or generate_content;
@@ -71,9 +75,15 @@ LANGFUSE_OUTPUT = "langfuse.observation.output"
 LANGFUSE_TYPE = "langfuse.observation.type"
 #: Langfuse observation types that are calls (a span without input and output is not one).
 LANGFUSE_CALLS = frozenset({"generation", "agent", "chain"})
+TRACELOOP_INPUT = "traceloop.entity.input"
+TRACELOOP_OUTPUT = "traceloop.entity.output"
+TRACELOOP_KIND = "traceloop.span.kind"
+#: Traceloop span kinds that are calls: an ``@workflow`` or ``@agent`` function (a ``task`` or
+#: ``tool`` is a step of one: a tool's input is its arguments, not the user's question).
+TRACELOOP_CALLS = frozenset({"workflow", "agent"})
 
 #: Conventions a span is read by (``relevancy.source`` of the skipped counter).
-SOURCES = ("openinference", "vercel_ai", "langfuse", "genai")
+SOURCES = ("openinference", "vercel_ai", "langfuse", "traceloop", "genai")
 # skip reasons (``relevancy.reason`` of ``relevancy.service.skipped``)
 UNKNOWN_JSON = "unknown_json"  # a JSON value with no field this module knows
 INVALID_JSON = "invalid_json"  # declared JSON (mime type), not parseable
@@ -440,6 +450,15 @@ def langfuse_texts(attributes: dict[str, Any]) -> tuple[str, str]:
     return question_of(_value(attributes, LANGFUSE_INPUT, serialised=True)), answer_of(_value(attributes, LANGFUSE_OUTPUT, serialised=True))
 
 
+def traceloop_texts(attributes: dict[str, Any]) -> tuple[str, str]:
+    """(question, answer) of a Traceloop ``@workflow`` or ``@agent`` span (``traceloop-sdk``):
+    ``traceloop.entity.input`` (JSON ``{"args": [...], "kwargs": {...}}``: a function of one
+    argument, a question or chat messages, whose last user turn is the question) and
+    ``traceloop.entity.output`` (JSON of the return value: text, a chat completion, a message).
+    Raises Unreadable."""
+    return question_of(_value(attributes, TRACELOOP_INPUT, serialised=True)), answer_of(_value(attributes, TRACELOOP_OUTPUT, serialised=True))
+
+
 def _load(value: Any) -> Any:
     if isinstance(value, str):
         try:
@@ -560,8 +579,8 @@ class SpanSelector:
         (:data:`PENDING`, None) for a GenAI inference call whose content may come as log
         events, (:data:`SKIPPED`, (source, reason)) for a span that looks like an LLM, chain or
         agent call (an OpenInference kind, a Vercel AI SDK ``ai.generateText`` / ``ai.streamText``
-        call, a Langfuse generation, agent or chain) but yields no question or answer, or
-        (:data:`IGNORED`, None). Each value is parsed once; the cost is linear in the span's
+        call, a Langfuse generation, agent or chain, a Traceloop workflow or agent) but yields
+        no question or answer, or (:data:`IGNORED`, None). Each value is parsed once; the cost is linear in the span's
         attribute sizes, whatever their nesting."""
         attrs = span.attributes
         if not self.passes(span):
@@ -587,6 +606,10 @@ class SpanSelector:
                 source = "langfuse"
                 question, answer = langfuse_texts(attrs)
                 return CANDIDATE, (question, answer, "langfuse")
+            elif str(attrs.get(TRACELOOP_KIND) or "") in TRACELOOP_CALLS:
+                source = "traceloop"
+                question, answer = traceloop_texts(attrs)
+                return CANDIDATE, (question, answer, "traceloop")
         except Unreadable as exc:
             reason = exc.reason
         except RecursionError:  # nested too deeply to hold a question or an answer

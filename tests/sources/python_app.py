@@ -19,7 +19,7 @@ source = os.environ["SOURCE"]
 processor = SimpleSpanProcessor if os.environ.get("PROCESSOR") == "simple" else BatchSpanProcessor
 provider = TracerProvider(resource=Resource.create({"service.name": f"{source}-app"}))
 provider.add_span_processor(processor(OTLPSpanExporter()))
-if source != "logfire":  # Logfire installs its own
+if source not in ("logfire", "traceloop_workflow"):  # Logfire and Traceloop install their own
     trace.set_tracer_provider(provider)
 logger_provider = None
 
@@ -38,8 +38,8 @@ elif source.startswith("openllmetry"):
     logger_provider.add_log_record_processor((SimpleLogRecordProcessor if os.environ.get("PROCESSOR") == "simple" else BatchLogRecordProcessor)(OTLPLogExporter()))
     _logs.set_logger_provider(logger_provider)
     OpenAIInstrumentor(use_legacy_attributes=source != "openllmetry_events").instrument(tracer_provider=provider, logger_provider=logger_provider)
-elif source == "logfire":
-    pass  # Logfire configures its own provider, below
+elif source in ("logfire", "traceloop_workflow"):
+    pass  # they configure their own provider, below
 elif source == "langfuse":
     pass  # set up below: Langfuse adds its span processor to this provider
 elif source == "openinference_llama_index":
@@ -138,6 +138,40 @@ def logfire_app() -> None:
     raise SystemExit(0)
 
 
+def traceloop_app() -> None:
+    """The Traceloop SDK (OpenLLMetry's): ``Traceloop.init`` with its own provider and OTLP/HTTP
+    exporter (``disable_batch`` with PROCESSOR=simple), an ``@workflow`` calling a ``@task``
+    calling the instrumented OpenAI client: ``answer.workflow`` > ``generate.task`` >
+    ``openai.chat``, the decorators' spans holding ``traceloop.entity.input`` / ``.output``
+    (JSON of the arguments and return value)."""
+    from traceloop.sdk import Traceloop
+    from traceloop.sdk.decorators import task, workflow
+    from traceloop.sdk.instruments import Instruments
+
+    Traceloop.init(app_name="traceloop-app", api_endpoint=os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"], disable_batch=os.environ.get("PROCESSOR") == "simple", telemetry_enabled=False, instruments={Instruments.OPENAI})
+    import openai
+
+    client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+    calls = []
+
+    @task(name="generate")
+    def generate(messages):
+        return client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "system", "content": SYSTEM}] + messages).choices[0].message.content
+
+    @workflow(name="answer")
+    def answer(messages):
+        calls.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
+        return generate(messages)
+
+    for conversation in json.loads(sys.argv[2]):
+        answer(conversation)
+    trace.get_tracer_provider().shutdown()
+    print(json.dumps(calls))
+    raise SystemExit(0)
+
+
+if source == "traceloop_workflow":
+    traceloop_app()
 if source == "logfire":
     logfire_app()
 if source == "openinference_llama_index":
