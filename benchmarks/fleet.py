@@ -33,7 +33,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -49,7 +48,7 @@ from benchmarks._paths import relative  # noqa: E402
 from relevancy_tracer.otel import attributes as A  # noqa: E402
 from relevancy_tracer.otel.results import evaluation_id  # noqa: E402
 from relevancy_tracer.service.jobs import ScoreRequest  # noqa: E402
-from relevancy_tracer.service.queue import DONE_PREFIX, STREAM, RedisStreamQueue  # noqa: E402
+from relevancy_tracer.service.queue import DONE_PREFIX, RedisStreamQueue  # noqa: E402
 from relevancy_tracer_testing import FakeOpenAIServer, OTLPReceiver, RedisServer  # noqa: E402
 
 CLI = str(Path(sys.executable).parent / "relevancy-tracer")

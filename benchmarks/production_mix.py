@@ -34,7 +34,7 @@ import gzip
 import hashlib
 import json
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 

@@ -120,12 +120,6 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
-def _parse_optional_float(text: str) -> Optional[float]:
-    if text.strip().lower() in ("", "none", "off", "0"):
-        return None
-    return float(text)
-
-
 def _parse_floats(text: str) -> tuple[float, ...]:
     return tuple(float(part) for part in text.replace(";", ",").split(",") if part.strip())
 

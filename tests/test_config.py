@@ -169,7 +169,7 @@ def test_local_repack_setting_reaches_the_model(monkeypatch):
 _ENV_FIELDS = [spec for spec in FIELDS if spec.env is not None]
 
 
-def _env_values() -> "st.SearchStrategy[str]":
+def _env_values():
     from hypothesis import strategies as st
 
     digits = st.integers(min_value=1, max_value=5000).map(lambda n: "9" * n)

@@ -35,6 +35,10 @@ def test_the_docs_site_builds_strictly_with_every_page_in_the_nav(tmp_path):
     for page in listed:
         built = site / ("index.html" if page == "index.md" else page[: -len(".md")] + "/index.html")
         assert built.stat().st_size > 0, page
+        # a list written right under a paragraph's line (no blank line) renders as "- " text
+        html = built.read_text(encoding="utf-8")
+        flat = re.search(r"<p>(?:(?!</p>).)*\n(?:- |\d+\. )(?:(?!</p>).)*</p>", html, re.S)
+        assert flat is None, f"{page}: a list rendered as a paragraph (add a blank line before it): {flat.group(0)[:300] if flat else ''}"
     # offline: the theme loads no web fonts (theme.font: false)
     assert "fonts.googleapis.com" not in (site / "index.html").read_text(encoding="utf-8")
     for image in ("phoenix-trace.png", "phoenix-annotation.png", "calibration.png"):

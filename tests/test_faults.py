@@ -18,11 +18,9 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
-from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
@@ -30,7 +28,7 @@ from opentelemetry.trace import StatusCode
 import relevancy_tracer
 from relevancy_tracer.tracing import lifecycle
 from relevancy_tracer.otel import attributes as A
-from relevancy_tracer_testing import Hang, OTLPReceiver
+from relevancy_tracer_testing import Hang
 
 from .conftest import ROOT, fake_model_env, finished_spans, subprocess_env
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from relevancy_tracer._phoenix_server import PhoenixServer, free_port
+from relevancy_tracer._phoenix_server import PhoenixServer
 from relevancy_tracer_testing import FakeOpenAIServer
 
 from .conftest import ROOT, fake_model_env, subprocess_env

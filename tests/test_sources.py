@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.service import selection as selection_module
 from relevancy_tracer.service.decision import COVERED, DUPLICATE, EARLY, LATE, ROOT, WINDOW, DecisionWindow
 from relevancy_tracer.service.otlp import ReceivedSpan
@@ -433,7 +432,7 @@ def test_serve_scores_a_traceloop_workflow_once_with_its_question_not_each_llm_c
         for one in spans:
             assert post(service, one) == 200
         assert service.flush(30)
-        evaluations = backend.wait_for_spans(lambda s: len(evaluator_spans(s)) >= 2, timeout=30)
+        backend.wait_for_spans(lambda s: len(evaluator_spans(s)) >= 2, timeout=30)
         assert service.flush(10)
     finally:
         service.stop(10)

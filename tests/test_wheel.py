@@ -19,7 +19,6 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
-from pathlib import Path
 
 import pytest
 
