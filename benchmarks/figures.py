@@ -22,6 +22,10 @@ Markers (the spec is split like a shell line, so a key with spaces is quoted):
   computes it from the results (and the arguments, as strings).
 * a table: ``<!-- fig-table NAME -->`` (or ``NAME(ARG,ARG)``) and ``<!-- /fig-table -->`` on
   lines of their own, around a Markdown table rendered whole by :data:`TABLES`' function ``NAME``.
+* a block: ``<!-- fig-block FILE:KEY.PATH [LANG] -->`` and ``<!-- /fig-block -->`` on lines of
+  their own, around a fenced code block holding the value whole: a string as it is (``LANG``
+  default ``text``), anything else as JSON indented by 1 (default ``json``). The example outputs
+  of ``benchmarks.examples`` (what a command printed) are shown this way.
 
 Each figure's page section (between level-1 or level-2 headings), or the page's introduction,
 must name the benchmark that made its results file (``benchmarks.NAME`` or ``benchmarks/NAME.py``, see
@@ -57,10 +61,14 @@ class FigureError(Exception):
 
 #: a marker quoted in inline code (after a backtick) is an example, not a figure
 FIG = re.compile(r"(?<!`)<!-- fig (?P<spec>.+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
+#: a block's opening marker stands alone on its line (checked in :func:`render`)
+BLOCK = re.compile(r"(?<!`)(?P<head><!-- fig-block (?P<spec>[^\n]+?) -->\n)(?P<body>.*?)(?P<tail><!-- /fig-block -->)", re.S)
 TABLE = re.compile(r"(?P<head><!-- fig-table (?P<name>[\w.-]+)(?:\((?P<args>[^()]*)\))? -->\n)(?P<body>.*?)(?P<tail><!-- /fig-table -->)", re.S)
 
 #: results stems whose benchmark module is not their name's prefix
 MODULE_OVERRIDES = {"calibration": "fit_calibration", "refusal_similarities": "production_mix"}
+#: results stems made by ``benchmarks.examples`` (``example_score``, ``example_demo``)
+EXAMPLES_PREFIX = "example_"
 
 
 def module_of(stem: str) -> str:
@@ -70,6 +78,8 @@ def module_of(stem: str) -> str:
         return MODULE_OVERRIDES[stem]
     if stem.startswith("relevancy_tracer/calibrations/"):
         return "fit_calibration"
+    if stem.startswith(EXAMPLES_PREFIX):
+        return "examples"
     modules = sorted((p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_")), key=len, reverse=True)
     for module in modules:
         if stem == module or stem.startswith(module + "_"):
@@ -184,6 +194,27 @@ def render_figure(spec: str, results: Results) -> str:
     return with_ci(value, results.ci(source), spec_format) if show_ci else fmt(value, spec_format)
 
 
+def render_block(spec: str, results: Results) -> str:
+    """The fenced code block of one block marker's spec (see the module docstring), ending
+    with a newline. The fence is longer than any run of backticks in the value."""
+    try:
+        tokens = shlex.split(spec)
+    except ValueError as exc:
+        raise FigureError(f"{spec!r}: {exc}") from None
+    if not 1 <= len(tokens) <= 2 or tokens[0].startswith("="):
+        raise FigureError(f"{spec!r}: a block is FILE:KEY.PATH [LANG]")
+    value = results.get(tokens[0])
+    if isinstance(value, str):
+        content, language = value.rstrip("\n"), "text"
+    else:
+        content, language = json.dumps(value, indent=1, ensure_ascii=False), "json"
+    language = tokens[1] if len(tokens) == 2 else language
+    fence = "```"
+    while fence in content:
+        fence += "`"
+    return f"{fence}{language}\n{content}\n{fence}\n"
+
+
 def _sections(text: str) -> list[tuple[int, int]]:
     """(start, end) of the page's sections: split at level-1 and level-2 headings outside fenced
     code blocks."""
@@ -241,7 +272,23 @@ def render(text: str, results: Optional[Results] = None, where: str = "<text>") 
         check_command(match.start(), f"table {name}", results.used)
         return match["head"] + body + match["tail"]
 
+    def block(match: re.Match) -> str:
+        line = text.count("\n", 0, match.start()) + 1
+        if text[text.rfind("\n", 0, match.start()) + 1:match.start()].strip():
+            raise FigureError(f"{where}:{line}: a fig-block marker stands on a line of its own")
+        results.used = set()
+        try:
+            body = render_block(match["spec"], results)
+        except FigureError as exc:
+            raise FigureError(f"{where}:{line}: {exc}") from None
+        check_command(match.start(), f"block {match['spec']!r}", results.used)
+        return match["head"] + body + match["tail"]
+
+    blocks: list[tuple[int, int]] = []
+
     def figure(match: re.Match) -> str:
+        if any(start <= match.start() < end for start, end in blocks):  # a block's text, not a figure
+            return match.group(0)
         line_start = text.rfind("\n", 0, match.start()) + 1
         if not re.sub(r"^\s*([-*+]|\d+\.)?\s*", "", text[line_start:match.start()]):
             line = text.count("\n", 0, match.start()) + 1
@@ -255,8 +302,11 @@ def render(text: str, results: Optional[Results] = None, where: str = "<text>") 
         check_command(match.start(), f"figure {match['spec']!r}", results.used)
         return f"<!-- fig {match['spec']} -->{rendered}<!-- /fig -->"
 
+    out = BLOCK.sub(block, text)
+    text = out
     out = TABLE.sub(table, text)
     text = out
+    blocks[:] = [m.span("body") for m in BLOCK.finditer(text)]
     out = FIG.sub(figure, out)
     if problems:
         raise FigureError("\n".join(problems))

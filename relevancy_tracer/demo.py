@@ -6,8 +6,8 @@
 2. Runs the example RAG app (``examples/rag_app.py``: Python's language reference, retrieval
    with the embedded USE, generation with the embedded Qwen2.5-Coder-1.5B) over questions it
    can and cannot answer; ``relevancy_tracer.trace`` scores each answer in the background.
-3. Prints question, answer, score and label as each result arrives, checks through Phoenix's
-   REST API that every answer span arrived with its ``relevancy.*`` attributes, and prints the
+3. Prints question, answer, score and label as each result arrives, then the label counts and
+   the evaluator version (``relevancy.evaluator.version``), checks through Phoenix's REST API that every answer span arrived with its ``relevancy.*`` attributes, and prints the
    Phoenix URLs of the project and of each trace.
 
 Exit status 0 when every answer was scored and found in Phoenix. SIGTERM (what Docker,
@@ -160,6 +160,9 @@ def _demo(args: argparse.Namespace, started: list) -> int:
     print(f"\n{len(scored)} of {len(questions)} answers scored in {elapsed:.0f} s{'' if finished else ' (some evaluations did not finish)'}.", flush=True)
     if scored:
         print(table.summary(), flush=True)
+        versions = sorted({o.result.evaluator_version for o in scored if o.result.evaluator_version})
+        if versions:  # the evaluator's identity: filter and compare scores by it in Phoenix
+            print(f"Evaluator version {', '.join(versions)} (relevancy.evaluator.version on each span).", flush=True)
     ok = len(scored) == len(questions)
     if server is not None:
         # Only this run's traces count: a reused Phoenix (or working dir) keeps earlier runs' spans.

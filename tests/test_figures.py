@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from benchmarks import figures
+from benchmarks import examples, figures
 
 from .conftest import ROOT
 
@@ -124,3 +124,129 @@ def test_a_table_whose_results_lack_a_key_fails_the_check(tmp_path, results, cap
     page.write_text(PAGE.format(ece="0.028 [0.022, 0.052]"), encoding="utf-8")
     assert _check(page, results, "--check") == 2
     assert "table calibration.production_mix: KeyError: 'pairs_all'" in capsys.readouterr().err
+
+
+# ---- example outputs: fenced blocks rendered whole from benchmarks.examples' results files
+
+BLOCK_PAGE = """# Scoring
+
+`python -m benchmarks.examples score` made this:
+
+<!-- fig-block example_score:transcript -->
+{transcript}<!-- /fig-block -->
+
+and the first row:
+
+<!-- fig-block example_score:first_row -->
+{row}<!-- /fig-block -->
+"""
+
+
+def _example_results(directory, transcript="$ relevancy-tracer score examples/answers.jsonl\nsummary {\"rows\": 10}", row=None):
+    (directory / "example_score.json").write_text(json.dumps({"transcript": transcript, "first_row": row or {"question": "Q?", "score": 0.988}}), encoding="utf-8")
+
+
+def test_a_stale_block_fails_the_check_and_write_renders_it_whole(tmp_path, results, capsys):
+    _example_results(results)
+    page = tmp_path / "page.md"
+    page.write_text(BLOCK_PAGE.format(transcript="```text\n$ relevancy-tracer score examples/answers.jsonl\n67 s\n```\n", row="```json\n{}\n```\n"), encoding="utf-8")
+    assert _check(page, results, "--check") == 1
+    assert "stale: " in capsys.readouterr().err
+    assert _check(page, results, "--write") == 0
+    text = page.read_text(encoding="utf-8")
+    assert "<!-- fig-block example_score:transcript -->\n```text\n$ relevancy-tracer score examples/answers.jsonl\nsummary {\"rows\": 10}\n```\n<!-- /fig-block -->" in text
+    assert "<!-- fig-block example_score:first_row -->\n```json\n{\n \"question\": \"Q?\",\n \"score\": 0.988\n}\n```\n<!-- /fig-block -->" in text
+    assert _check(page, results, "--check") == 0
+    # a rerun printed something else: stale again; a fence in the output gets a longer fence,
+    # and a marker-like text in it is output, not a figure
+    _example_results(results, transcript="```\n<!-- fig production_mix:calibration.held_out.n -->1<!-- /fig -->")
+    assert _check(page, results, "--check") == 1
+    assert _check(page, results, "--write") == 0
+    assert "````text\n```\n<!-- fig production_mix:calibration.held_out.n -->1<!-- /fig -->\n````\n<!-- /fig-block -->" in page.read_text(encoding="utf-8")
+    assert _check(page, results, "--check") == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda text: text, "no results file benchmarks/results/example_score.json"),
+    (lambda text: text.replace("example_score:transcript", "example_score:stdout"), "example_score.json has no stdout"),
+    (lambda text: text.replace("`python -m benchmarks.examples score` made this", "This came"), "does not name benchmarks.examples"),
+    (lambda text: text.replace("\n<!-- fig-block example_score:transcript", "\nOutput: <!-- fig-block example_score:transcript"), "stands on a line of its own"),
+])
+def test_a_block_without_its_file_key_or_command_fails_the_check_and_is_never_written(tmp_path, results, capsys, change, message):
+    if "no results file" not in message:
+        _example_results(results)
+    page = tmp_path / "page.md"
+    text = change(BLOCK_PAGE.format(transcript="```text\nold\n```\n", row="```json\n{}\n```\n"))
+    page.write_text(text, encoding="utf-8")
+    assert _check(page, results, "--check") == 2
+    assert message in capsys.readouterr().err
+    assert _check(page, results, "--write") == 2
+    assert page.read_text(encoding="utf-8") == text
+
+
+# ---- benchmarks.examples: the example outputs are made by the real commands, and a file made by
+# another evaluator than the current default fails the check (a screenshot cannot be compared:
+# its sidecar can)
+
+
+def test_an_example_made_by_another_evaluator_or_scripted_models_or_missing_fails_the_check(tmp_path):
+    current = examples.default_evaluator()
+    assert current["llm_model"] == "qwen2.5-coder-1.5b" and len(current["evaluator_version"]) == 12
+    good = dict(current, command="relevancy-tracer demo", scripted=False)
+    files = {"current": good, "old": dict(good, evaluator_version="0123456789ab"), "method": dict(good, method="ragas_intent"), "scripted": dict(good, scripted=True), "unnamed": {"command": "relevancy-tracer demo"}}
+    for name, record in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(record), encoding="utf-8")
+    problems = examples.check([tmp_path / f"{name}.json" for name in [*files, "missing"]])
+    assert not [p for p in problems if "current.json" in p]
+    assert any("old.json was made with evaluator_version '0123456789ab'" in p for p in problems)
+    assert any("method.json was made with method 'ragas_intent'" in p for p in problems)
+    assert any("scripted.json was made with scripted models" in p for p in problems)
+    assert any("unnamed.json has no 'method'" in p for p in problems) and any("unnamed.json has no 'evaluator_version'" in p for p in problems)
+    assert any("missing.json is missing" in p for p in problems)
+
+
+def test_the_score_example_is_made_by_the_real_command_and_renders_into_a_page(tmp_path, capsys):
+    """``benchmarks.examples score --scripted``: `relevancy-tracer score examples/answers.jsonl`
+    against a scripted model server; the stored transcript and first row render as blocks, and
+    the file names its (scripted) evaluator, which the check refuses."""
+    directory = tmp_path / "results"
+    assert examples.main(["score", "--scripted", str(directory)]) == 0
+    record = json.loads((directory / "example_score.json").read_text(encoding="utf-8"))
+    rows = sum(1 for line in (ROOT / "examples" / "answers.jsonl").read_text(encoding="utf-8").splitlines() if line.strip())
+    assert record["command"] == "relevancy-tracer score examples/answers.jsonl -o out.jsonl" and record["rows"] == rows == record["summary"]["scored"]
+    assert record["llm_model"] == "fake-chat" and record["scripted"] and len(record["evaluator_version"]) == 12
+    assert record["transcript"].startswith("$ relevancy-tracer score examples/answers.jsonl -o out.jsonl\n100%|")
+    assert record["transcript"].splitlines()[-1] == "summary " + json.dumps(record["summary"], ensure_ascii=False)
+    assert record["first_row"]["question"] == "What is the boiling point of water at sea level?" and record["first_row"]["evaluator_version"] == record["evaluator_version"]
+    page = tmp_path / "page.md"
+    page.write_text(BLOCK_PAGE.format(transcript="", row=""), encoding="utf-8")
+    assert _check(page, directory, "--write") == 0 and _check(page, directory, "--check") == 0
+    assert record["progress"] in page.read_text(encoding="utf-8")
+    assert any("was made with scripted models" in p for p in examples.stale(record, "example_score.json"))
+    with pytest.raises(SystemExit):  # a dry run never writes into the docs' results
+        examples.main(["score", "--scripted", str(ROOT / "benchmarks" / "results")])
+
+
+def test_the_demo_transcript_is_parsed_into_its_evaluator_and_answers():
+    out = (
+        "Starting Phoenix at http://127.0.0.1:4318 (working dir .phoenix, log .phoenix/phoenix.log) ...\n"
+        "Scoring with qwen2.5-coder-1.5b + use-multilingual-v3 (method ragas_judge_intent).\n"
+        "Loading the example RAG app (Python's language reference) ...\n"
+        "Asking 2 questions; each answer is scored in the background.\n\n"
+        " score  label                 why         question                                          answer\n"
+        + "-" * 120 + "\n"
+        " 0.000  does_not_address      hedge       What is the capital of Australia?                 I don't know: the Python language reference does not cover …\n"
+        " 0.985  directly_addresses                What is the difference between the is operator …  The with statement is used for managing resources that need…\n\n"
+        "2 of 2 answers scored in 1474 s.\n"
+        "Labels: 1 directly_addresses, 1 does_not_address (why: hedge 1).\n"
+        "Evaluator version 1556f2c1383b (relevancy.evaluator.version on each span).\n"
+    )
+    parsed = examples.parse_demo_stdout(out)
+    assert parsed["evaluator_version"] == "1556f2c1383b" and parsed["method"] == "ragas_judge_intent" and parsed["llm_model"] == "qwen2.5-coder-1.5b"
+    assert (parsed["scored"], parsed["asked"], parsed["seconds"]) == (2, 2, 1474)
+    assert parsed["answers"] == [
+        {"score": 0.0, "label": "does_not_address", "why": "hedge", "question": "What is the capital of Australia?", "answer": "I don't know: the Python language reference does not cover …"},
+        {"score": 0.985, "label": "directly_addresses", "why": None, "question": "What is the difference between the is operator …", "answer": "The with statement is used for managing resources that need…"},
+    ]
+    with pytest.raises(examples.ExampleError, match="evaluator version"):
+        examples.parse_demo_stdout(out.replace("Evaluator version", "Evaluator"))

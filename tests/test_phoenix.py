@@ -101,8 +101,13 @@ def test_phoenix_ui_shows_the_relevancy_attributes(phoenix, server, tmp_path):
     """Headless Chromium opens an answer's trace in Phoenix's UI and finds the relevancy
     attributes on the span. Uses the demo's traces (real local-model scores) when the demo test
     ran, else makes one. The screenshot goes to RELEVANCY_TRACER_SCREENSHOT when set
-    (docs/images/phoenix-trace.png), else into the test's temp dir."""
+    (docs/images/phoenix-trace.png, by ``python -m benchmarks.examples screenshot``), else into
+    the test's temp dir; beside it a sidecar (``.json``) says what the span in the picture
+    carries (method, evaluator version, models, label, score), which tests/test_figures.py
+    compares with the current default, since a picture cannot be compared."""
     from playwright.sync_api import sync_playwright
+
+    from benchmarks.examples import screenshot_sidecar
 
     spans = [s for s in phoenix.spans("relevancy-tracer-demo", name=["python_docs_rag.answer"]) if (s.get("attributes") or {}).get("relevancy.status") == "scored"]
     if not spans:
@@ -130,6 +135,9 @@ def test_phoenix_ui_shows_the_relevancy_attributes(phoenix, server, tmp_path):
         finally:
             browser.close()
     assert screenshot.stat().st_size > 10_000
+    sidecar = screenshot_sidecar(screenshot, span)
+    written = json.loads(screenshot.with_suffix(".json").read_text(encoding="utf-8"))
+    assert written == sidecar and written["evaluator_version"] == attrs["relevancy.evaluator.version"] and written["label"] == attrs["relevancy.label"], written
 
 
 ANNOTATED_APP = textwrap.dedent(
