@@ -223,7 +223,8 @@ def record_score(env: dict, scripted: bool = False) -> dict:
 
 
 #: ``--scripted``: the demo with the scripted model-host models, and the example app answering
-#: with passage sentences retrieved by the scripted embedder (no model anywhere).
+#: with passage sentences retrieved by the scripted embedder, or "I don't know" to the questions
+#: its reference does not cover (no model anywhere).
 SCRIPTED_DEMO = """
 import sys
 from relevancy_tracer_testing import use_scripted_host_models
@@ -232,8 +233,8 @@ from relevancy_tracer._examples import rag_app
 from relevancy_tracer.config import Settings
 from relevancy_tracer.scoring.backends import build_embedder
 rag_app.build_embedder = lambda settings: build_embedder(Settings.resolve(embeddings="local", embedding_model="fake-host-embed"))
-rag_app.local_generator = rag_app.extractive_generator
-rag_app.PythonReferenceRAG.__init__.__defaults__ = (None, 3, -1.0, None)
+# the scripted answers: passage sentences, and "I don't know" where the reference has no answer
+rag_app.local_generator = lambda question, passages: rag_app.UNKNOWN if any(w in question for w in ("Australia", "numpy", "FIFA")) else rag_app.extractive_generator(question, passages)
 from relevancy_tracer.cli import main
 sys.exit(main(sys.argv[1:]))
 """
