@@ -50,6 +50,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from relevancy_tracer.demo import SPAN_NAME as DEMO_SPAN  # the demo's answer spans: the screenshot shows one
+
 from ._paths import ROOT
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -328,7 +330,10 @@ def take_screenshot(env: dict, screenshot: Path, scripted: bool = False) -> dict
     proc, _ = _run(argv, env, ROOT, timeout=7200)
     if " passed" not in proc.stdout or not sidecar.exists() or sidecar.stat().st_mtime_ns == before:
         raise ExampleError(f"the browser test wrote no new {sidecar}:\n{proc.stdout[-3000:]}")
-    return json.loads(sidecar.read_text(encoding="utf-8"))
+    record = json.loads(sidecar.read_text(encoding="utf-8"))
+    if not scripted and record["span"] != DEMO_SPAN:
+        raise ExampleError(f"the screenshot shows a {record['span']!r} span, not one of the demo's answers ({DEMO_SPAN!r}): did the demo test run?\n{proc.stdout[-3000:]}")
+    return record
 
 
 # ------------------------------------------------------------------------------ main
