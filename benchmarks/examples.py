@@ -81,11 +81,12 @@ class ExampleError(Exception):
 def default_evaluator() -> dict:
     """The current default evaluator, computed from the package without loading a model:
     ``method``, ``evaluator_version`` (12 hex digits, as on every span), ``llm_model`` and
-    ``embedding_model``, for the settings a new user gets (no environment)."""
+    ``embedding_model``, for the settings a new user gets (no environment) with the embedded
+    models (the default where the ``local`` extra is installed, as the examples run)."""
     from relevancy_tracer.config import Settings
     from relevancy_tracer.scoring.engine import Engine
 
-    settings = Settings.resolve(environ={})
+    settings = Settings.resolve(environ={}, llm="local", embeddings="local")
     engine = Engine(settings)
     models = engine.models  # built, not loaded: the model host starts on the first request
     version = engine.identity(settings, models)[2]
