@@ -57,7 +57,7 @@ from .model_host import PAIRS, SCRIPTED, WARM, calibrate, percentile, spin
 ROOT = Path(__file__).resolve().parent.parent
 
 VARIANTS: dict[str, dict] = {
-    "paced-host": dict(SCRIPTED, llm_model="benchmarks.model_host:PacedChatModel"),
+    "paced-host": dict(SCRIPTED, llm_model="paced-host-chat"),
     "default": dict(),
 }
 
@@ -87,6 +87,10 @@ def configure(variant: str, outcomes: Outcomes, **overrides: Any) -> None:
 
     options = dict(llm="local", embeddings="local", setup_otel=False, on_result=outcomes)
     options.update(VARIANTS[variant])
+    if variant == "paced-host":  # the scripted models, registered in this process and its hosts
+        from relevancy_tracer_testing import use_scripted_host_models
+
+        use_scripted_host_models()
     options.update(overrides)
     relevancy_tracer.configure(**options)
 

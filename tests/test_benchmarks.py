@@ -27,6 +27,20 @@ def test_fleet_benchmark_scores_every_job_and_loses_no_span_under_overload(tmp_p
     assert overload["lost"] == 0 and overload["scored"] == overload["offered"] > 0, overload
 
 
+def test_overload_benchmark_runs_its_scripted_variant_and_nothing_times_out(tmp_path):
+    """``benchmarks.overload``'s paced-host variant at a small size (a 0.05 s pace, 10 s at 5x):
+    every evaluation scored or shed as ``capacity``, none failed or timed out, and the scored
+    rate near the capacity measured in the same run (the ratio is the benchmark's to report;
+    this catches a variant that cannot start its scripted models, which scores nothing)."""
+    out = tmp_path / "overload.json"
+    command = [sys.executable, "-m", "benchmarks.overload", "--variants", "paced-host", "--factors", "5", "--seconds", "10", "--calibrate-seconds", "5", "--calibrate-evaluations", "3", "--pace", "0.05", "--out", str(out)]
+    proc = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
+    (phase,) = json.loads(out.read_text(encoding="utf-8"))["variants"]["paced-host"]["phases"]
+    assert set(phase["statuses"]) <= {"scored", "capacity"} and phase["statuses"].get("scored", 0) > 0, phase
+    assert phase["share_timeout"] == 0 and phase["scored_vs_capacity"] > 0.5, phase
+
+
 def test_quality_records_are_read_and_appended_gzip_compressed_and_survive_a_killed_run(tmp_path):
     """The committed records are gzip (``.jsonl.gz``): each run appends a gzip member; a run killed
     mid-append leaves an unfinished member whose flushed records are still read, also once the
