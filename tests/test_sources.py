@@ -578,3 +578,81 @@ def test_a_retry_arriving_while_the_first_attempt_is_being_queued_is_a_duplicate
     assert [c.question for c in first.ready] == ["On which river is Lyon?"] and len(first.hold) == 1
     assert not concurrent.ready and not concurrent.hold and concurrent.outcomes == {DUPLICATE: 2}
     assert [c.question for c in retry.ready] == ["On which river is Lyon?"]
+
+
+def test_serve_accepts_and_discards_metrics_under_the_receivers_limits(server, no_exports):
+    """SDKs export metrics to the same endpoint as traces by default (traceloop-sdk always
+    does): the OpenTelemetry SDK's own OTLP metric exporters, over HTTP and gRPC, are answered
+    success (not 404 / UNIMPLEMENTED: the app would log an error every export interval) and
+    their metrics counted as discarded; under the receiver's rules as a trace export: the
+    token, garbage 400 / INVALID_ARGUMENT, a JSON array 400, a body of max_request_bytes of
+    empty metrics taken and counted exactly, one byte more 413. Log records that are not GenAI
+    content events are counted as discarded too."""
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GRPCMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HTTPMetricExporter
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+    from opentelemetry.proto.logs.v1 import logs_pb2
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
+
+    from relevancy_tracer.service import ScoringService
+
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("app")
+    meter.create_counter("llm.calls").add(2, {"model": "gpt-4o-mini"})
+    meter.create_histogram("gen_ai.client.token.usage").record(42)
+    data = reader.get_metrics_data()
+    limit = 64 * 1024
+    token = "metrics-token"
+    service = ScoringService(openai_settings(server, service_token=token, max_request_bytes=limit), http_port=0, grpc_port=0).start()
+    bearer = {"authorization": f"Bearer {token}"}
+    try:
+        http, grpc_port = service.server.http_port, service.server.grpc_port
+        assert HTTPMetricExporter(endpoint=f"http://127.0.0.1:{http}/v1/metrics", headers=bearer, timeout=10).export(data) == MetricExportResult.SUCCESS
+        assert GRPCMetricExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True, headers=bearer, timeout=10).export(data) == MetricExportResult.SUCCESS
+        assert service.discarded == {"metrics": 4} and service.accepted == 0
+
+        def status(body: bytes, content_type: str = "application/x-protobuf", auth: bool = True, path: str = "/v1/metrics") -> int:
+            request = urllib.request.Request(f"http://127.0.0.1:{http}{path}", data=body, headers={"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if auth else {})})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    return reply.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        empty_metrics = (limit - 8) // 2  # one ResourceMetrics > one ScopeMetrics > n x Metric{} (2 bytes each), 2 headers of 4 bytes
+        scope = b"\x12\x00" * empty_metrics
+        resource = b"\x12" + _varint(len(scope)) + scope
+        full = b"\x0a" + _varint(len(resource)) + resource
+        full += b"\x0a\x00" * ((limit - len(full)) // 2)  # empty ResourceMetrics up to the bound
+        assert len(full) == limit
+        assert status(full, auth=False) == 401
+        assert status(full) == 200 and service.discarded["metrics"] == 4 + empty_metrics
+        assert status(full + b"\x00") == 413
+        assert status(b"\xff\x00 not protobuf") == 400 and status(b"[1, 2]", "application/json") == 400
+        assert status(json.dumps({"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"name": "a", "sum": {}}, {"name": "b"}]}]}]}).encode(), "application/json") == 200
+        assert service.discarded["metrics"] == 4 + empty_metrics + 2
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            export = channel.unary_unary("/opentelemetry.proto.collector.metrics.v1.MetricsService/Export")
+            with pytest.raises(grpc.RpcError) as bad:
+                export(b"\xff\x00 not protobuf", metadata=tuple(bearer.items()), timeout=10)
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.RpcError) as denied:
+                export(full, timeout=10)
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert status(b"", path="/v1/profiles") == 404
+        app_logs = logs_service_pb2.ExportLogsServiceRequest(resource_logs=[logs_pb2.ResourceLogs(scope_logs=[logs_pb2.ScopeLogs(log_records=[logs_pb2.LogRecord(trace_id=os.urandom(16), span_id=os.urandom(8), event_name="app.request")] * 3)])])
+        assert status(app_logs.SerializeToString(), path="/v1/logs") == 200
+        assert service.discarded == {"metrics": 4 + empty_metrics + 2, "logs": 3} and service.accepted == 0
+    finally:
+        service.stop(10)
+
+
+def _varint(value: int) -> bytes:
+    out = b""
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        if not value:
+            return out + bytes([byte])
+        out += bytes([byte | 0x80])
