@@ -330,6 +330,33 @@ def test_the_window_is_bounded_and_decides_the_oldest_trace_early():
     assert sorted(chosen + due(window, everything=True)[0]) == sorted(f"q{i}?" for i in range(1000))
 
 
+def test_a_call_awaiting_events_inside_a_workflow_without_content_is_not_held_and_the_workflow_says_why():
+    """traceloop-sdk with TRACELOOP_TRACE_CONTENT=false (shape as exported, tests/test_source_matrix.py
+    runs it for real): the workflow has no traceloop.entity.input / .output (skipped:
+    content_not_captured) and its chat span no content (awaiting events). The chat call is not
+    chosen (``uncaptured``) and the workflow is reported. A chat call carrying its content
+    inside such a workflow (content capture turned on for one block:
+    ``override_enable_content_tracing``) is scored and the workflow is not reported."""
+    clock = Clock()
+    window = DecisionWindow(5.0, 100, 1000, 100_000, clock=clock)
+    workflow = {"traceloop.workflow.name": "answer", "traceloop.span.kind": "workflow", "traceloop.entity.name": "answer"}
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "traceloop.workflow.name": "answer", "traceloop.entity.path": "generate"}
+    task = {"traceloop.workflow.name": "answer", "traceloop.span.kind": "task", "traceloop.entity.name": "generate"}
+    assert SpanSelector().read(span(workflow))[0] == SKIPPED and SpanSelector().read(span(workflow))[1] == ("traceloop", "content_not_captured")
+    other = "cd" * 16
+    chosen, skipped = [], []
+    for one in [span(chat, "3" * 16, "2" * 16, "openai.chat"), span(task, "2" * 16, "1" * 16, "generate.task"), span(workflow, "1" * 16, "", "answer.workflow"),
+                span({**chat, **genai_chat(HISTORY, "On the Rhone.")}, "3" * 16, "2" * 16, "openai.chat", other), span(task, "2" * 16, "1" * 16, "generate.task", other), span(workflow, "1" * 16, "", "answer.workflow", other)]:
+        found, lost = feed(window, [one])
+        chosen += found
+        skipped += lost
+    clock.now += 10
+    found, lost = due(window)
+    assert chosen + found == ["On which river?"]
+    assert [(s.span.trace_id, s.span.name, s.reason) for s in skipped + lost] == [(TRACE, "answer.workflow", "content_not_captured")]
+    assert window.outcomes == {"uncaptured": 1, WINDOW: 1}
+
+
 def test_skipped_spans_are_reported_once_unless_a_chosen_call_covers_them():
     clock = Clock()
     window = DecisionWindow(1.0, 100, 1000, 100_000, clock=clock)

@@ -44,6 +44,9 @@ from .writer import Scorer
 
 logger = logging.getLogger("relevancy_tracer")
 
+#: What the skip log line adds for a (source, reason): how the app turns it off or on.
+SKIP_HINTS = {("traceloop", "content_not_captured"): ": the app records no content, traceloop-sdk runs with TRACELOOP_TRACE_CONTENT=false; set it to true to score its calls"}
+
 
 class ServiceJob:
     """One in-process evaluation (the :class:`~relevancy_tracer._background.jobqueue.Job` protocol).
@@ -173,7 +176,7 @@ class ScoringService:
         self._join_expired = self.telemetry.meter_provider.get_meter("relevancy_tracer").create_counter("relevancy.service.join.expired", unit="{call}", description="Halves of GenAI calls (a span, or its content events) dropped before the other half arrived, by relevancy.join.reason")
         self.window = DecisionWindow(s.decision_wait, s.decision_max_traces, 20 * s.decision_max_traces, 4 * s.max_request_bytes, max_documents=s.max_contexts, max_document_chars=s.max_context_chars, max_pending_hold=s.join_ttl / 2, on_outcome=self._decided) if s.decision_wait > 0 else None
         meter = self.telemetry.meter_provider.get_meter("relevancy_tracer")
-        self._decisions = meter.create_counter("relevancy.service.decisions", unit="{span}", description="Candidate spans by what the decision window did with them, by relevancy.decision.outcome: root (a trace root, chosen at once), window (chosen when its trace's window ended), early (chosen early: a bound was reached), covered (nested in a chosen call), duplicate (a span id seen before: retry or duplicate), late (arrived after a call nested in it was scored: not scored), dropped (chosen early and refused by a full queue)")
+        self._decisions = meter.create_counter("relevancy.service.decisions", unit="{span}", description="Candidate spans by what the decision window did with them, by relevancy.decision.outcome: root (a trace root, chosen at once), window (chosen when its trace's window ended), early (chosen early: a bound was reached), covered (nested in a chosen call), duplicate (a span id seen before: retry or duplicate), late (arrived after a call nested in it was scored: not scored), dropped (chosen early and refused by a full queue), uncaptured (a GenAI call awaiting content events inside a call whose app records no content: not held; the outer call is counted in relevancy.service.skipped as content_not_captured)")
         self._skipped_counter = meter.create_counter("relevancy.service.skipped", unit="{span}", description="Spans that look like an LLM, chain or agent call but yield no question or answer, by relevancy.source and relevancy.reason")
         self._discarded_counter = meter.create_counter("relevancy.service.discarded", unit="{item}", description="Items received and discarded, by relevancy.signal: metrics (OTLP metrics export requests are answered OK and discarded; SDKs send metrics to the traces endpoint by default), logs (log records that are not GenAI content events)")
         #: items discarded so far, by signal (``metrics``: metrics; ``logs``: log records)
@@ -374,7 +377,7 @@ class ScoringService:
             self._skipped_counter.add(1, {"relevancy.source": item.source, "relevancy.reason": item.reason})
             if log:
                 keys = sorted(str(k)[:80] for k in item.span.attributes)
-                logger.warning("relevancy-tracer serve: %s span %r yields no question or answer (%s); attribute keys: %s%s (further such spans are counted in relevancy.service.skipped, logged once a minute)", item.source, item.span.name[:80], item.reason, ", ".join(keys[:40]), f" and {len(keys) - 40} more" if len(keys) > 40 else "")
+                logger.warning("relevancy-tracer serve: %s span %r yields no question or answer (%s%s); attribute keys: %s%s (further such spans are counted in relevancy.service.skipped, logged once a minute)", item.source, item.span.name[:80], item.reason, SKIP_HINTS.get((item.source, item.reason), ""), ", ".join(keys[:40]), f" and {len(keys) - 40} more" if len(keys) > 40 else "")
 
     def _expired(self, reason: str, count: int) -> None:
         self._join_expired.add(count, {"relevancy.join.reason": reason})

@@ -94,7 +94,11 @@ NO_QUESTION = "no_question"
 NO_USER_MESSAGE = "no_user_message"  # chat messages without a user turn
 NO_ANSWER = "no_answer"
 TOOL_CALL = "tool_call"  # the reply only calls tools
-SKIP_REASONS = (UNKNOWN_JSON, INVALID_JSON, TOO_DEEP, PYTHON_REPR, NO_INPUT, NO_QUESTION, NO_USER_MESSAGE, NO_ANSWER, TOOL_CALL)
+#: the app records no content: a Traceloop workflow or agent without ``traceloop.entity.input``
+#: and ``.output`` (``TRACELOOP_TRACE_CONTENT=false``; with it on, traceloop-sdk always writes
+#: the input, its JSON encoder falling back to class names)
+CONTENT_NOT_CAPTURED = "content_not_captured"
+SKIP_REASONS = (UNKNOWN_JSON, INVALID_JSON, TOO_DEEP, PYTHON_REPR, NO_INPUT, NO_QUESTION, NO_USER_MESSAGE, NO_ANSWER, TOOL_CALL, CONTENT_NOT_CAPTURED)
 # verdicts of SpanSelector.read
 CANDIDATE, PENDING, SKIPPED, IGNORED = "candidate", "pending", "skipped", "ignored"
 
@@ -608,6 +612,8 @@ class SpanSelector:
                 return CANDIDATE, (question, answer, "langfuse")
             elif str(attrs.get(TRACELOOP_KIND) or "") in TRACELOOP_CALLS:
                 source = "traceloop"
+                if TRACELOOP_INPUT not in attrs and TRACELOOP_OUTPUT not in attrs:
+                    raise Unreadable(CONTENT_NOT_CAPTURED)
                 question, answer = traceloop_texts(attrs)
                 return CANDIDATE, (question, answer, "traceloop")
         except Unreadable as exc:
