@@ -67,6 +67,7 @@ MATRIX = [
     ("langfuse", "langfuse", "langfuse"),  # langfuse.observation.input / output: an @observe span around a generation
     ("logfire", "logfire", "genai"),  # OpenTelemetry mode; "simple" exports every span twice
     ("traceloop_workflow", "traceloop_0_62_4", "traceloop"),  # Traceloop.init: @workflow > @task > openai.chat; the workflow is scored
+    ("traceloop_method", "traceloop_0_62_4", "traceloop"),  # an unnamed @workflow method: {"args": ["Assistant", messages]}
 ]
 
 

@@ -165,6 +165,27 @@ def test_traceloop_tasks_and_tools_are_steps_not_calls():
     assert SpanSelector().read(span({**TRACELOOP_WORKFLOW, "traceloop.entity.input": json.dumps({"args": [HISTORY[1:], "user-7"], "kwargs": {}})})) == (SKIPPED, ("traceloop", "unknown_json"))
 
 
+@pytest.mark.parametrize(
+    "entity_name, args, expected",
+    [
+        ("traceloop_app.<locals>.Assistant.answer", ["Assistant", HISTORY[1:]], "On which river?"),  # as traceloop-sdk 0.62.4 exports an unnamed @workflow method
+        ("Assistant.answer", ["Assistant", "On which river?"], "On which river?"),  # the class of the qualname: a question string too
+        ("answer", ["RagAssistant", HISTORY[1:]], "On which river?"),  # @workflow(name=...): a class name, then chat messages
+        ("answer", ["Assistant", "On which river?"], "unknown_json"),  # a named method of a string: f(topic, question)? not guessed
+        ("answer", ["lyon", HISTORY[1:]], "unknown_json"),  # not a class name
+        ("Assistant.answer", [{"model": "gpt-4o-mini"}, HISTORY[1:]], "unknown_json"),  # a dataclass / pydantic self, serialised: not recognised
+        ("Assistant.answer", ["Assistant", HISTORY[1:], "user-7"], "unknown_json"),  # more arguments
+        ("answer", [HISTORY[1:], "Assistant"], "unknown_json"),
+    ],
+)
+def test_a_traceloop_method_reads_the_argument_after_self_when_unambiguous(entity_name, args, expected):
+    """A decorated method passes ``self`` first; traceloop-sdk's encoder writes it as its class
+    name. The question is read from the one argument after it when ``self`` is certain."""
+    attributes = {**TRACELOOP_WORKFLOW, "traceloop.entity.name": entity_name, "traceloop.entity.input": json.dumps({"args": args, "kwargs": {}})}
+    verdict, found = SpanSelector().read(span(attributes))
+    assert (verdict, found) == ((CANDIDATE, ("On which river?", "On the Rhone.", "traceloop")) if expected == "On which river?" else (SKIPPED, ("traceloop", expected)))
+
+
 def test_openllmetry_events_mode_span_awaits_its_content_events():
     """OpenLLMetry 0.52.6 in events mode sets llm.request.type=chat and no
     gen_ai.operation.name: the span is held for its gen_ai.* events."""

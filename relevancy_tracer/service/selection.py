@@ -457,10 +457,32 @@ def langfuse_texts(attributes: dict[str, Any]) -> tuple[str, str]:
 def traceloop_texts(attributes: dict[str, Any]) -> tuple[str, str]:
     """(question, answer) of a Traceloop ``@workflow`` or ``@agent`` span (``traceloop-sdk``):
     ``traceloop.entity.input`` (JSON ``{"args": [...], "kwargs": {...}}``: a function of one
-    argument, a question or chat messages, whose last user turn is the question) and
-    ``traceloop.entity.output`` (JSON of the return value: text, a chat completion, a message).
-    Raises Unreadable."""
-    return question_of(_value(attributes, TRACELOOP_INPUT, serialised=True)), answer_of(_value(attributes, TRACELOOP_OUTPUT, serialised=True))
+    argument, a question or chat messages, whose last user turn is the question; a method's
+    ``self`` before it is dropped, :func:`without_self`) and ``traceloop.entity.output`` (JSON
+    of the return value: text, a chat completion, a message). Raises Unreadable."""
+    value = without_self(_value(attributes, TRACELOOP_INPUT, serialised=True), str(attributes.get("traceloop.entity.name") or ""))
+    return question_of(value), answer_of(_value(attributes, TRACELOOP_OUTPUT, serialised=True))
+
+
+def without_self(value: Any, entity_name: str) -> Any:
+    """A Traceloop method's input without its ``self``: ``{"args": [self, x]}`` -> ``{"args":
+    [x]}`` when the first argument is unambiguously the instance. traceloop-sdk's JSON encoder
+    writes an object it cannot serialise as its class name (``"Assistant"``), and an unnamed
+    decorator's entity name is the method's ``__qualname__`` (``Assistant.answer``). So the
+    first argument is ``self`` when it is that class name, or, under a named decorator (no class
+    in the name), a CapWords identifier followed by a chat message list. Any other value is
+    returned as it is (a function of two arguments is not guessed from). An instance the
+    encoder serialises (a dataclass, a pydantic model: a JSON object) is not recognised."""
+    if not isinstance(value, dict) or value.get("kwargs"):
+        return value
+    args = value.get("args")
+    if not isinstance(args, list) or len(args) != 2 or not isinstance(args[0], str) or not args[0].isidentifier():
+        return value
+    first, second = args
+    owner = entity_name.split(".")[-2] if "." in entity_name else None
+    if first == owner or (first[:1].isupper() and _messages(second) is not None):
+        return {"args": [second], "kwargs": {}}
+    return value
 
 
 def _load(value: Any) -> Any:

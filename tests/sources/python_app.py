@@ -19,7 +19,7 @@ source = os.environ["SOURCE"]
 processor = SimpleSpanProcessor if os.environ.get("PROCESSOR") == "simple" else BatchSpanProcessor
 provider = TracerProvider(resource=Resource.create({"service.name": f"{source}-app"}))
 provider.add_span_processor(processor(OTLPSpanExporter()))
-if source not in ("logfire", "traceloop_workflow"):  # Logfire and Traceloop install their own
+if source not in ("logfire", "traceloop_workflow", "traceloop_method"):  # Logfire and Traceloop install their own
     trace.set_tracer_provider(provider)
 logger_provider = None
 
@@ -38,7 +38,7 @@ elif source.startswith("openllmetry"):
     logger_provider.add_log_record_processor((SimpleLogRecordProcessor if os.environ.get("PROCESSOR") == "simple" else BatchLogRecordProcessor)(OTLPLogExporter()))
     _logs.set_logger_provider(logger_provider)
     OpenAIInstrumentor(use_legacy_attributes=source != "openllmetry_events").instrument(tracer_provider=provider, logger_provider=logger_provider)
-elif source in ("logfire", "traceloop_workflow"):
+elif source in ("logfire", "traceloop_workflow", "traceloop_method"):
     pass  # they configure their own provider, below
 elif source == "langfuse":
     pass  # set up below: Langfuse adds its span processor to this provider
@@ -143,7 +143,9 @@ def traceloop_app() -> None:
     exporter (``disable_batch`` with PROCESSOR=simple), an ``@workflow`` calling a ``@task``
     calling the instrumented OpenAI client: ``answer.workflow`` > ``generate.task`` >
     ``openai.chat``, the decorators' spans holding ``traceloop.entity.input`` / ``.output``
-    (JSON of the arguments and return value)."""
+    (JSON of the arguments and return value). SOURCE=traceloop_method: the workflow is an
+    unnamed ``@workflow`` method of a class (``Assistant.answer.workflow``, ``self`` among its
+    arguments)."""
     from traceloop.sdk import Traceloop
     from traceloop.sdk.decorators import task, workflow
     from traceloop.sdk.instruments import Instruments
@@ -163,14 +165,24 @@ def traceloop_app() -> None:
         calls.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
         return generate(messages)
 
+    class Assistant:
+        def __init__(self, model):
+            self.model = model
+
+        @workflow()
+        def answer(self, messages):
+            calls.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
+            return generate(messages)
+
+    assistant = Assistant("gpt-4o-mini")
     for conversation in json.loads(sys.argv[2]):
-        answer(conversation)
+        (assistant.answer if source == "traceloop_method" else answer)(conversation)
     trace.get_tracer_provider().shutdown()
     print(json.dumps(calls))
     raise SystemExit(0)
 
 
-if source == "traceloop_workflow":
+if source in ("traceloop_workflow", "traceloop_method"):
     traceloop_app()
 if source == "logfire":
     logfire_app()
