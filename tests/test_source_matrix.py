@@ -68,6 +68,7 @@ MATRIX = [
     ("logfire", "logfire", "genai"),  # OpenTelemetry mode; "simple" exports every span twice
     ("traceloop_workflow", "traceloop_0_62_4", "traceloop"),  # Traceloop.init: @workflow > @task > openai.chat; the workflow is scored
     ("traceloop_method", "traceloop_0_62_4", "traceloop"),  # an unnamed @workflow method: {"args": ["Assistant", messages]}
+    ("openllmetry_langchain", "openllmetry_langchain_0_62_4", "traceloop"),  # prompt | ChatOpenAI: the RunnableSequence.workflow root, {"inputs": {"question", "history"}}
 ]
 
 

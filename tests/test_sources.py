@@ -186,6 +186,38 @@ def test_a_traceloop_method_reads_the_argument_after_self_when_unambiguous(entit
     assert (verdict, found) == ((CANDIDATE, ("On which river?", "On the Rhone.", "traceloop")) if expected == "On which river?" else (SKIPPED, ("traceloop", expected)))
 
 
+#: opentelemetry-instrumentation-langchain 0.62.4 (langchain-core 1.8.0): the root
+#: RunnableSequence.workflow span of ``ChatPromptTemplate | ChatOpenAI`` (as exported)
+LANGCHAIN_WORKFLOW = {
+    "traceloop.workflow.name": "RunnableSequence",
+    "traceloop.span.kind": "workflow",
+    "traceloop.entity.name": "RunnableSequence",
+    "gen_ai.operation.name": "invoke_agent",
+    "traceloop.entity.input": json.dumps({"inputs": {"question": "On which river?", "history": [["user", "Where is Lyon?"], ["assistant", "In France."]]}, "tags": [], "metadata": {}, "kwargs": {"name": "RunnableSequence"}}),
+    "traceloop.entity.output": json.dumps({"outputs": {"lc": 1, "type": "constructor", "id": ["langchain", "schema", "messages", "AIMessage"], "kwargs": {"content": "On the Rhone.", "additional_kwargs": {"refusal": None}, "response_metadata": {"model_name": "gpt-4o-mini", "finish_reason": "stop"}, "type": "ai", "id": "run-1", "tool_calls": [], "invalid_tool_calls": []}}, "kwargs": {"tags": []}}),
+}
+
+
+@pytest.mark.parametrize(
+    "entity_input, entity_output",
+    [
+        (LANGCHAIN_WORKFLOW["traceloop.entity.input"], LANGCHAIN_WORKFLOW["traceloop.entity.output"]),
+        (json.dumps({"inputs": "On which river?", "tags": [], "metadata": {}, "kwargs": {"name": "RunnableSequence"}}), json.dumps({"outputs": "On the Rhone.", "kwargs": {"tags": []}})),  # invoked with a string, ending in StrOutputParser
+    ],
+    ids=["prompt-chat-model", "string-in-string-out"],
+)
+def test_an_openllmetry_langchain_root_chain_reads_its_question_and_reply(entity_input, entity_output):
+    """OpenLLMetry's LangChain instrumentation writes a root chain as a Traceloop workflow:
+    ``{"inputs": ..., "tags", "metadata", "kwargs"}`` and ``{"outputs": ..., "kwargs"}``, the
+    reply a serialised AIMessage (``to_json()``) or a string; tests/test_source_matrix.py runs
+    the package. A serialised HumanMessage is not an answer."""
+    attributes = {**LANGCHAIN_WORKFLOW, "traceloop.entity.input": entity_input, "traceloop.entity.output": entity_output}
+    assert SpanSelector().read(span(attributes)) == (CANDIDATE, ("On which river?", "On the Rhone.", "traceloop"))
+    human = json.loads(LANGCHAIN_WORKFLOW["traceloop.entity.output"])
+    human["outputs"]["id"][-1], human["outputs"]["kwargs"]["type"] = "HumanMessage", "human"
+    assert SpanSelector().read(span({**LANGCHAIN_WORKFLOW, "traceloop.entity.output": json.dumps(human)})) == (SKIPPED, ("traceloop", "unknown_json"))
+
+
 def test_openllmetry_events_mode_span_awaits_its_content_events():
     """OpenLLMetry 0.52.6 in events mode sets llm.request.type=chat and no
     gen_ai.operation.name: the span is held for its gen_ai.* events."""

@@ -261,8 +261,10 @@ def question_of(value: Any, depth: int = 0) -> str:
       message (LlamaIndex's chat engines) | query_str;
       ``messages`` (an OpenAI chat request, the Vercel AI SDK's ``{"system", "messages"}``,
       LangChain's chat model input): the last user message; ``prompt`` as a message list;
-      ``input`` / ``inputs`` / ``kwargs`` (LangChain chains, Langfuse's ``@observe`` inputs)
-      one level down; Langfuse's ``{"args": [one argument]}`` (a string or chat messages).
+      ``input`` / ``inputs`` / ``kwargs`` (LangChain chains, OpenLLMetry's LangChain
+      ``{"inputs", "tags", "metadata", "kwargs"}``, Langfuse's ``@observe`` inputs) one level
+      down, ``inputs`` also as a string (a chain invoked with one); Langfuse's ``{"args": [one
+      argument]}`` (a string or chat messages).
 
     Anything else raises Unreadable(unknown_json): nothing is guessed from "the only string
     field" (the system prompt and model names are strings too). Walks at most 4 levels of
@@ -286,6 +288,8 @@ def question_of(value: Any, depth: int = 0) -> str:
             messages = _messages(value.get(name))
             if messages is not None:
                 return last_user_text(messages)
+        if isinstance(value.get("inputs"), str):  # a chain invoked with a string
+            return question_of(value["inputs"], depth + 1)
         for name in ("input", "inputs", "kwargs"):
             if isinstance(value.get(name), (dict, list)):
                 try:
@@ -306,10 +310,13 @@ def answer_of(value: Any, depth: int = 0) -> str:
     * an OpenAI chat completion (``choices[0].message.content``; ``choices[0].text`` for text
       completions), a Responses API response (``output_text``, or the ``output_text`` parts
       of its ``output`` messages), LangChain's ``generations[0][0]``;
-    * a chat message or a list of them (the assistant's text); ``messages`` (LangGraph's
-      state): the last assistant message;
+    * a chat message or a list of them (the assistant's text), LangChain's serialised message
+      (``{"lc": 1, "type": "constructor", "id": [..., "AIMessage"], "kwargs": {"content"}}``,
+      its ``to_json()``); ``messages`` (LangGraph's state): the last assistant message;
     * an object with a string field named answer | output | result | response | text |
-      content | output_text; ``output`` / ``result`` / ``message`` one level down.
+      content | output_text; ``output`` / ``result`` / ``message`` / ``outputs`` one level
+      down (``outputs``: a chain's outputs, as OpenLLMetry's LangChain instrumentation writes
+      them, also a string).
 
     Anything else raises Unreadable(unknown_json); a reply that only calls tools
     Unreadable(tool_call). Linear in the value's size.
@@ -343,6 +350,12 @@ def answer_of(value: Any, depth: int = 0) -> str:
             found = _message(value)
             if found is not None:
                 return assistant_text([found])
+        if value.get("type") == "constructor" and isinstance(value.get("kwargs"), dict):  # LangChain's to_json()
+            found = _message(value)
+            if found is not None and found[0] in ("assistant", ""):
+                return assistant_text([found])
+        if isinstance(value.get("outputs"), str):  # a chain ending in a string (StrOutputParser)
+            return answer_of(value["outputs"], depth + 1)
         for name in ANSWER_FIELDS:
             field_value = value.get(name)
             if isinstance(field_value, str) and field_value.strip():

@@ -27,6 +27,10 @@ if source == "openinference_openai":
     from openinference.instrumentation.openai import OpenAIInstrumentor
 
     OpenAIInstrumentor().instrument(tracer_provider=provider)
+elif source == "openllmetry_langchain":
+    from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+
+    LangchainInstrumentor().instrument(tracer_provider=provider)
 elif source.startswith("openllmetry"):
     from opentelemetry import _logs
     from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
@@ -182,6 +186,34 @@ def traceloop_app() -> None:
     raise SystemExit(0)
 
 
+def langchain_app() -> None:
+    """A LangChain chain, ``ChatPromptTemplate | ChatOpenAI``, invoked with the question and the
+    earlier turns as history, under OpenLLMetry's LangChain instrumentation: the chain's
+    ``RunnableSequence.workflow`` span is the trace root (``traceloop.entity.input``
+    ``{"inputs": {...}}``), with the prompt's task span and the ``ChatOpenAI.chat`` span inside."""
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+    from langchain_openai import ChatOpenAI
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    roots = []
+
+    class Roots(SpanProcessor):
+        def on_end(self, span):
+            if span.parent is None:
+                roots.append(format(span.context.trace_id, "032x"))
+
+    provider.add_span_processor(Roots())
+    prompt = ChatPromptTemplate.from_messages([("system", SYSTEM), MessagesPlaceholder("history"), ("human", "{question}")])
+    chain = prompt | ChatOpenAI(model="gpt-4o-mini", base_url=sys.argv[1], api_key="unused", max_retries=0)
+    for conversation in json.loads(sys.argv[2]):
+        chain.invoke({"question": conversation[-1]["content"], "history": [(m["role"], m["content"]) for m in conversation[:-1]]})
+    provider.shutdown()
+    print(json.dumps(roots))
+    raise SystemExit(0)
+
+
+if source == "openllmetry_langchain":
+    langchain_app()
 if source in ("traceloop_workflow", "traceloop_method"):
     traceloop_app()
 if source == "logfire":
