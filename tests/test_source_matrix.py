@@ -8,7 +8,8 @@ Node project (``vercel/package.json`` + ``package-lock.json``, ``npm ci``), buil
 ``~/.cache/relevancy-tracer/sources/`` (``$XDG_CACHE_HOME``) keyed by the hash of their pins, so
 a fresh clone reuses them (pip and npm cache their downloads too). Building all of them took
 325 s on this 2-core machine with pip's cache warm, plus 23 s for the traceloop-sdk one (32 s
-with an empty pip cache); with them built the matrix runs in ~40 s. Each
+with an empty pip cache) and 16 s for the LangChain one (empty pip cache); with them built the
+matrix runs in ~60 s. Each
 case runs with a ``SimpleSpanProcessor`` (every span exported alone) and a
 ``BatchSpanProcessor``; the simple one through a proxy that answers the first export request
 503 after `serve` took it, so the exporter re-sends it (a retry of a request already taken).
