@@ -8,7 +8,8 @@ Node project (``vercel/package.json`` + ``package-lock.json``, ``npm ci``), buil
 ``~/.cache/relevancy-tracer/sources/`` (``$XDG_CACHE_HOME``) keyed by the hash of their pins, so
 a fresh clone reuses them (pip and npm cache their downloads too). Building all of them took
 325 s on this 2-core machine with pip's cache warm, plus 23 s for the traceloop-sdk one (32 s
-with an empty pip cache); with them built the matrix runs in ~40 s. Each
+with an empty pip cache) and 16 s for the LangChain one (empty pip cache); with them built the
+matrix runs in ~60 s. Each
 case runs with a ``SimpleSpanProcessor`` (every span exported alone) and a
 ``BatchSpanProcessor``; the simple one through a proxy that answers the first export request
 503 after `serve` took it, so the exporter re-sends it (a retry of a request already taken).
@@ -36,6 +37,7 @@ from relevancy_tracer_testing import FakeOpenAIServer
 
 from .conftest import ROOT, openai_settings, subprocess_env
 from .test_service import backend, evaluator_spans  # noqa: F401 - backend is a fixture
+from .test_service_faults import no_exports  # noqa: F401 - a fixture
 
 SOURCES = ROOT / "tests" / "sources"
 #: Built environments, keyed by the hash of their pins (and Python's version): a cache outside
@@ -66,6 +68,8 @@ MATRIX = [
     ("langfuse", "langfuse", "langfuse"),  # langfuse.observation.input / output: an @observe span around a generation
     ("logfire", "logfire", "genai"),  # OpenTelemetry mode; "simple" exports every span twice
     ("traceloop_workflow", "traceloop_0_62_4", "traceloop"),  # Traceloop.init: @workflow > @task > openai.chat; the workflow is scored
+    ("traceloop_method", "traceloop_0_62_4", "traceloop"),  # an unnamed @workflow method: {"args": ["Assistant", messages]}
+    ("openllmetry_langchain", "openllmetry_langchain_0_62_4", "traceloop"),  # prompt | ChatOpenAI: the RunnableSequence.workflow root, {"inputs": {"question", "history"}}
 ]
 
 
@@ -202,9 +206,9 @@ def app_model() -> Iterator[FakeOpenAIServer]:
         yield model
 
 
-def run_app(environment: str, source: str, processor: str, endpoint: str, model: FakeOpenAIServer) -> list[str]:
-    """Run the source's app; the trace id of each call."""
-    env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none", SOURCE=source, PROCESSOR=processor)
+def run_app(environment: str, source: str, processor: str, endpoint: str, model: FakeOpenAIServer, **app_env: str) -> list[str]:
+    """Run the source's app (``app_env``: more environment variables); the trace id of each call."""
+    env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none", SOURCE=source, PROCESSOR=processor, **app_env)
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
     if environment == "vercel":
@@ -214,6 +218,11 @@ def run_app(environment: str, source: str, processor: str, endpoint: str, model:
         command = [python_environment(environment), str(SOURCES / "python_app.py")]
     proc = subprocess.run(command + [model.base_url, json.dumps(CONVERSATIONS)], env=env, capture_output=True, text=True, timeout=180, cwd=str(ROOT.parent))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # no exporter of the app failed against `serve` (traceloop-sdk exports its metrics to the
+    # same endpoint); Langfuse's own exporter posts to Langfuse's ingestion path, which `serve`
+    # does not serve (its spans reach `serve` through the app's exporter)
+    failures = [line for line in proc.stderr.splitlines() if "Failed to export" in line and not (source == "langfuse" and "spans batch code: 404" in line)]
+    assert not failures, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -245,3 +254,32 @@ def test_each_call_of_a_real_instrumentation_is_scored_once_with_its_question_an
     if proxy is not None:
         assert proxy.dropped == 1 and proxy.resent >= 1  # a request `serve` had taken came again
     assert not service.skipped_spans, service.skipped_spans
+
+
+@pytest.mark.parametrize("processor", ["simple", "batch"])
+def test_traceloop_with_content_capture_off_is_counted_as_such_not_held(processor, server, app_model, caplog, no_exports):
+    """traceloop-sdk with ``TRACELOOP_TRACE_CONTENT=false``: its workflow spans carry no
+    ``traceloop.entity.input`` / ``.output`` and its ``openai.chat`` spans no content (a GenAI
+    chat span without content, which would wait for content events that never come and
+    expire as ``span_without_content`` after ``join_ttl``). Nothing is scored; each workflow is
+    counted skipped as ``content_not_captured``, its chat call is not held (``uncaptured``),
+    and the log line names the setting."""
+    import logging
+
+    from relevancy_tracer.service import ScoringService
+
+    service = ScoringService(openai_settings(server, decision_wait=30.0), http_port=0, grpc_port=None).start()
+    queued: list = []
+    offer = service._offer
+    service._offer = lambda candidates: offer(candidates) and not queued.extend(candidates)  # type: ignore[method-assign]
+    try:
+        with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+            calls = run_app("traceloop_0_62_4", "traceloop_workflow", processor, f"http://127.0.0.1:{service.server.http_port}", app_model, TRACELOOP_TRACE_CONTENT="false")
+            assert service.flush(30)
+        assert len(calls) == len(CONVERSATIONS) and not queued and len(service.join) == 0
+        assert service.skipped_spans == {("traceloop", "content_not_captured"): len(calls)}
+        assert service.window is not None and service.window.outcomes.get("uncaptured") == len(calls)
+        logged = [r.getMessage() for r in caplog.records if "yields no question or answer" in r.getMessage()]
+        assert len(logged) == 1 and "TRACELOOP_TRACE_CONTENT=false" in logged[0] and "Lyon" not in logged[0]
+    finally:
+        service.stop(10)

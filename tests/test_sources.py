@@ -165,6 +165,59 @@ def test_traceloop_tasks_and_tools_are_steps_not_calls():
     assert SpanSelector().read(span({**TRACELOOP_WORKFLOW, "traceloop.entity.input": json.dumps({"args": [HISTORY[1:], "user-7"], "kwargs": {}})})) == (SKIPPED, ("traceloop", "unknown_json"))
 
 
+@pytest.mark.parametrize(
+    "entity_name, args, expected",
+    [
+        ("traceloop_app.<locals>.Assistant.answer", ["Assistant", HISTORY[1:]], "On which river?"),  # as traceloop-sdk 0.62.4 exports an unnamed @workflow method
+        ("Assistant.answer", ["Assistant", "On which river?"], "On which river?"),  # the class of the qualname: a question string too
+        ("answer", ["RagAssistant", HISTORY[1:]], "On which river?"),  # @workflow(name=...): a class name, then chat messages
+        ("answer", ["Assistant", "On which river?"], "unknown_json"),  # a named method of a string: f(topic, question)? not guessed
+        ("answer", ["lyon", HISTORY[1:]], "unknown_json"),  # not a class name
+        ("Assistant.answer", [{"model": "gpt-4o-mini"}, HISTORY[1:]], "unknown_json"),  # a dataclass / pydantic self, serialised: not recognised
+        ("Assistant.answer", ["Assistant", HISTORY[1:], "user-7"], "unknown_json"),  # more arguments
+        ("answer", [HISTORY[1:], "Assistant"], "unknown_json"),
+    ],
+)
+def test_a_traceloop_method_reads_the_argument_after_self_when_unambiguous(entity_name, args, expected):
+    """A decorated method passes ``self`` first; traceloop-sdk's encoder writes it as its class
+    name. The question is read from the one argument after it when ``self`` is certain."""
+    attributes = {**TRACELOOP_WORKFLOW, "traceloop.entity.name": entity_name, "traceloop.entity.input": json.dumps({"args": args, "kwargs": {}})}
+    verdict, found = SpanSelector().read(span(attributes))
+    assert (verdict, found) == ((CANDIDATE, ("On which river?", "On the Rhone.", "traceloop")) if expected == "On which river?" else (SKIPPED, ("traceloop", expected)))
+
+
+#: opentelemetry-instrumentation-langchain 0.62.4 (langchain-core 1.8.0): the root
+#: RunnableSequence.workflow span of ``ChatPromptTemplate | ChatOpenAI`` (as exported)
+LANGCHAIN_WORKFLOW = {
+    "traceloop.workflow.name": "RunnableSequence",
+    "traceloop.span.kind": "workflow",
+    "traceloop.entity.name": "RunnableSequence",
+    "gen_ai.operation.name": "invoke_agent",
+    "traceloop.entity.input": json.dumps({"inputs": {"question": "On which river?", "history": [["user", "Where is Lyon?"], ["assistant", "In France."]]}, "tags": [], "metadata": {}, "kwargs": {"name": "RunnableSequence"}}),
+    "traceloop.entity.output": json.dumps({"outputs": {"lc": 1, "type": "constructor", "id": ["langchain", "schema", "messages", "AIMessage"], "kwargs": {"content": "On the Rhone.", "additional_kwargs": {"refusal": None}, "response_metadata": {"model_name": "gpt-4o-mini", "finish_reason": "stop"}, "type": "ai", "id": "run-1", "tool_calls": [], "invalid_tool_calls": []}}, "kwargs": {"tags": []}}),
+}
+
+
+@pytest.mark.parametrize(
+    "entity_input, entity_output",
+    [
+        (LANGCHAIN_WORKFLOW["traceloop.entity.input"], LANGCHAIN_WORKFLOW["traceloop.entity.output"]),
+        (json.dumps({"inputs": "On which river?", "tags": [], "metadata": {}, "kwargs": {"name": "RunnableSequence"}}), json.dumps({"outputs": "On the Rhone.", "kwargs": {"tags": []}})),  # invoked with a string, ending in StrOutputParser
+    ],
+    ids=["prompt-chat-model", "string-in-string-out"],
+)
+def test_an_openllmetry_langchain_root_chain_reads_its_question_and_reply(entity_input, entity_output):
+    """OpenLLMetry's LangChain instrumentation writes a root chain as a Traceloop workflow:
+    ``{"inputs": ..., "tags", "metadata", "kwargs"}`` and ``{"outputs": ..., "kwargs"}``, the
+    reply a serialised AIMessage (``to_json()``) or a string; tests/test_source_matrix.py runs
+    the package. A serialised HumanMessage is not an answer."""
+    attributes = {**LANGCHAIN_WORKFLOW, "traceloop.entity.input": entity_input, "traceloop.entity.output": entity_output}
+    assert SpanSelector().read(span(attributes)) == (CANDIDATE, ("On which river?", "On the Rhone.", "traceloop"))
+    human = json.loads(LANGCHAIN_WORKFLOW["traceloop.entity.output"])
+    human["outputs"]["id"][-1], human["outputs"]["kwargs"]["type"] = "HumanMessage", "human"
+    assert SpanSelector().read(span({**LANGCHAIN_WORKFLOW, "traceloop.entity.output": json.dumps(human)})) == (SKIPPED, ("traceloop", "unknown_json"))
+
+
 def test_openllmetry_events_mode_span_awaits_its_content_events():
     """OpenLLMetry 0.52.6 in events mode sets llm.request.type=chat and no
     gen_ai.operation.name: the span is held for its gen_ai.* events."""
@@ -328,6 +381,33 @@ def test_the_window_is_bounded_and_decides_the_oldest_trace_early():
         assert len(window) <= 50 and window.spans <= 200 and window.chars <= 10_000
     assert len(chosen) == 950 and window.outcomes[EARLY] == 950
     assert sorted(chosen + due(window, everything=True)[0]) == sorted(f"q{i}?" for i in range(1000))
+
+
+def test_a_call_awaiting_events_inside_a_workflow_without_content_is_not_held_and_the_workflow_says_why():
+    """traceloop-sdk with TRACELOOP_TRACE_CONTENT=false (shape as exported, tests/test_source_matrix.py
+    runs it for real): the workflow has no traceloop.entity.input / .output (skipped:
+    content_not_captured) and its chat span no content (awaiting events). The chat call is not
+    chosen (``uncaptured``) and the workflow is reported. A chat call carrying its content
+    inside such a workflow (content capture turned on for one block:
+    ``override_enable_content_tracing``) is scored and the workflow is not reported."""
+    clock = Clock()
+    window = DecisionWindow(5.0, 100, 1000, 100_000, clock=clock)
+    workflow = {"traceloop.workflow.name": "answer", "traceloop.span.kind": "workflow", "traceloop.entity.name": "answer"}
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "traceloop.workflow.name": "answer", "traceloop.entity.path": "generate"}
+    task = {"traceloop.workflow.name": "answer", "traceloop.span.kind": "task", "traceloop.entity.name": "generate"}
+    assert SpanSelector().read(span(workflow))[0] == SKIPPED and SpanSelector().read(span(workflow))[1] == ("traceloop", "content_not_captured")
+    other = "cd" * 16
+    chosen, skipped = [], []
+    for one in [span(chat, "3" * 16, "2" * 16, "openai.chat"), span(task, "2" * 16, "1" * 16, "generate.task"), span(workflow, "1" * 16, "", "answer.workflow"),
+                span({**chat, **genai_chat(HISTORY, "On the Rhone.")}, "3" * 16, "2" * 16, "openai.chat", other), span(task, "2" * 16, "1" * 16, "generate.task", other), span(workflow, "1" * 16, "", "answer.workflow", other)]:
+        found, lost = feed(window, [one])
+        chosen += found
+        skipped += lost
+    clock.now += 10
+    found, lost = due(window)
+    assert chosen + found == ["On which river?"]
+    assert [(s.span.trace_id, s.span.name, s.reason) for s in skipped + lost] == [(TRACE, "answer.workflow", "content_not_captured")]
+    assert window.outcomes == {"uncaptured": 1, WINDOW: 1}
 
 
 def test_skipped_spans_are_reported_once_unless_a_chosen_call_covers_them():
@@ -578,3 +658,81 @@ def test_a_retry_arriving_while_the_first_attempt_is_being_queued_is_a_duplicate
     assert [c.question for c in first.ready] == ["On which river is Lyon?"] and len(first.hold) == 1
     assert not concurrent.ready and not concurrent.hold and concurrent.outcomes == {DUPLICATE: 2}
     assert [c.question for c in retry.ready] == ["On which river is Lyon?"]
+
+
+def test_serve_accepts_and_discards_metrics_under_the_receivers_limits(server, no_exports):
+    """SDKs export metrics to the same endpoint as traces by default (traceloop-sdk always
+    does): the OpenTelemetry SDK's own OTLP metric exporters, over HTTP and gRPC, are answered
+    success (not 404 / UNIMPLEMENTED: the app would log an error every export interval) and
+    their metrics counted as discarded; under the receiver's rules as a trace export: the
+    token, garbage 400 / INVALID_ARGUMENT, a JSON array 400, a body of max_request_bytes of
+    empty metrics taken and counted exactly, one byte more 413. Log records that are not GenAI
+    content events are counted as discarded too."""
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GRPCMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HTTPMetricExporter
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+    from opentelemetry.proto.logs.v1 import logs_pb2
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
+
+    from relevancy_tracer.service import ScoringService
+
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("app")
+    meter.create_counter("llm.calls").add(2, {"model": "gpt-4o-mini"})
+    meter.create_histogram("gen_ai.client.token.usage").record(42)
+    data = reader.get_metrics_data()
+    limit = 64 * 1024
+    token = "metrics-token"
+    service = ScoringService(openai_settings(server, service_token=token, max_request_bytes=limit), http_port=0, grpc_port=0).start()
+    bearer = {"authorization": f"Bearer {token}"}
+    try:
+        http, grpc_port = service.server.http_port, service.server.grpc_port
+        assert HTTPMetricExporter(endpoint=f"http://127.0.0.1:{http}/v1/metrics", headers=bearer, timeout=10).export(data) == MetricExportResult.SUCCESS
+        assert GRPCMetricExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True, headers=bearer, timeout=10).export(data) == MetricExportResult.SUCCESS
+        assert service.discarded == {"metrics": 4} and service.accepted == 0
+
+        def status(body: bytes, content_type: str = "application/x-protobuf", auth: bool = True, path: str = "/v1/metrics") -> int:
+            request = urllib.request.Request(f"http://127.0.0.1:{http}{path}", data=body, headers={"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if auth else {})})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    return reply.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        empty_metrics = (limit - 8) // 2  # one ResourceMetrics > one ScopeMetrics > n x Metric{} (2 bytes each), 2 headers of 4 bytes
+        scope = b"\x12\x00" * empty_metrics
+        resource = b"\x12" + _varint(len(scope)) + scope
+        full = b"\x0a" + _varint(len(resource)) + resource
+        full += b"\x0a\x00" * ((limit - len(full)) // 2)  # empty ResourceMetrics up to the bound
+        assert len(full) == limit
+        assert status(full, auth=False) == 401
+        assert status(full) == 200 and service.discarded["metrics"] == 4 + empty_metrics
+        assert status(full + b"\x00") == 413
+        assert status(b"\xff\x00 not protobuf") == 400 and status(b"[1, 2]", "application/json") == 400
+        assert status(json.dumps({"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"name": "a", "sum": {}}, {"name": "b"}]}]}]}).encode(), "application/json") == 200
+        assert service.discarded["metrics"] == 4 + empty_metrics + 2
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            export = channel.unary_unary("/opentelemetry.proto.collector.metrics.v1.MetricsService/Export")
+            with pytest.raises(grpc.RpcError) as bad:
+                export(b"\xff\x00 not protobuf", metadata=tuple(bearer.items()), timeout=10)
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.RpcError) as denied:
+                export(full, timeout=10)
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert status(b"", path="/v1/profiles") == 404
+        app_logs = logs_service_pb2.ExportLogsServiceRequest(resource_logs=[logs_pb2.ResourceLogs(scope_logs=[logs_pb2.ScopeLogs(log_records=[logs_pb2.LogRecord(trace_id=os.urandom(16), span_id=os.urandom(8), event_name="app.request")] * 3)])])
+        assert status(app_logs.SerializeToString(), path="/v1/logs") == 200
+        assert service.discarded == {"metrics": 4 + empty_metrics + 2, "logs": 3} and service.accepted == 0
+    finally:
+        service.stop(10)
+
+
+def _varint(value: int) -> bytes:
+    out = b""
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        if not value:
+            return out + bytes([byte])
+        out += bytes([byte | 0x80])

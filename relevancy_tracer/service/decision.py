@@ -21,7 +21,12 @@ spans and decides on the trace once no span of it arrived for ``wait`` seconds:
   ``duplicate``;
 * spans that look like calls but yield no question or answer (:class:`~.selection.Skipped`)
   are reported once the trace is decided, unless a chosen candidate covers them or is nested
-  in them (that call was scored).
+  in them (that call was scored);
+* a GenAI call awaiting its content events (convention ``genai-events``) nested in a skipped
+  span whose app records no content (reason ``content_not_captured``: a Traceloop workflow
+  with ``TRACELOOP_TRACE_CONTENT=false``, whose setting the instrumentations inside share) is
+  not chosen, counted ``uncaptured``: its events, if any, carry no content either; the outer
+  span is reported skipped, so the count says why nothing was scored.
 
 Bounds: at most ``max_traces`` traces held open or remembered, at most ``max_spans`` span ids
 remembered and ``max_chars`` characters of held text (candidate texts and retrieved documents).
@@ -46,7 +51,7 @@ from typing import Callable, Iterable, Mapping, Optional
 
 from ..otel import attributes as A
 from .otlp import ReceivedSpan
-from .selection import Candidate, Skipped, span_documents
+from .selection import CONTENT_NOT_CAPTURED, Candidate, Skipped, span_documents
 
 # outcomes (``relevancy.decision.outcome`` of ``relevancy.service.decision``)
 ROOT = "root"  # a trace root chosen in its own request
@@ -55,6 +60,7 @@ EARLY = "early"  # chosen early: a bound was reached
 LATE = "late"  # arrived after a span nested in it was scored: not scored
 DUPLICATE = "duplicate"  # a span id seen before (retry, duplicate): ignored
 COVERED = "covered"  # nested in a chosen candidate: not scored (the outer call is)
+UNCAPTURED = "uncaptured"  # awaiting content events inside a call whose app records no content
 
 
 @dataclass
@@ -330,6 +336,12 @@ class DecisionWindow:
         ancestors = self._ancestors(trace.parents, trace.chosen)
         late = [c for c in outer if c.span.span_id in ancestors]
         chosen = [c for c in outer if c.span.span_id not in ancestors]
+        uncaptured = {s.span.span_id for s in trace.skipped.values() if s.reason == CONTENT_NOT_CAPTURED}
+        dropped = []
+        if uncaptured and any(c.convention == "genai-events" for c in chosen):
+            inside: dict[str, bool] = {}
+            dropped = [c for c in chosen if c.convention == "genai-events" and self._covered(trace, c.span.parent_span_id, uncaptured, inside)]
+            chosen = [c for c in chosen if c not in dropped]
         for candidate in chosen:
             if not candidate.contexts:
                 candidate.contexts = self._trace_documents(trace, [])
@@ -341,6 +353,7 @@ class DecisionWindow:
         self._count(outcome, len(chosen))
         self._count(LATE, len(late))
         self._count(COVERED, covered)
+        self._count(UNCAPTURED, len(dropped))
         return chosen, self._uncovered_skipped(trace)
 
     def _decided(self, trace: _Trace, now: float) -> None:

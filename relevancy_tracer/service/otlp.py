@@ -138,8 +138,8 @@ def _raw_request_class() -> Any:
 
 
 def count_items(body: bytes) -> int:
-    """Spans (or log records) of a protobuf trace (logs) export request, counted without
-    decoding them. Raises :class:`OTLPDecodeError` for a body that is not protobuf."""
+    """Spans (log records, metrics) of a protobuf trace (logs, metrics) export request, counted
+    without decoding them (the three requests nest their items alike: field 1, then 2, then 2). Raises :class:`OTLPDecodeError` for a body that is not protobuf."""
     from google.protobuf.message import DecodeError
 
     try:
@@ -147,6 +147,27 @@ def count_items(body: bytes) -> int:
     except (DecodeError, RecursionError) as exc:
         raise OTLPDecodeError(f"bad OTLP protobuf body: {exc}") from exc
     return sum(len(scope.items) for resource in raw.resources for scope in resource.scopes)
+
+
+def count_json_metrics(body: bytes) -> int:
+    """Metrics (``resourceMetrics[].scopeMetrics[].metrics[]``) of an OTLP/JSON
+    ``ExportMetricsServiceRequest``, counted from ``json.loads`` without building the message
+    (``serve`` discards metrics). Raises :class:`OTLPDecodeError` for a body that is not a JSON
+    object or nests too deeply for the parser."""
+    try:
+        data = json.loads(body)
+    except RecursionError as exc:
+        raise OTLPDecodeError("bad OTLP/JSON body: nested too deeply") from exc
+    except ValueError as exc:
+        raise OTLPDecodeError(f"bad OTLP/JSON body: {exc}") from exc
+    if not isinstance(data, dict):
+        raise OTLPDecodeError(f"bad OTLP/JSON body: an ExportMetricsServiceRequest is a JSON object, not {type(data).__name__}")
+    count = 0
+    for resource in _objects(data.get("resourceMetrics") or data.get("resource_metrics")):
+        for scope in _objects(resource.get("scopeMetrics") or resource.get("scope_metrics")):
+            metrics = scope.get("metrics")
+            count += len(metrics) if isinstance(metrics, list) else 0
+    return count
 
 
 def decoded_bytes(body_bytes: int, items: int) -> int:

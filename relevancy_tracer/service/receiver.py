@@ -1,11 +1,15 @@
 """The OTLP receiver of ``relevancy-tracer serve``: OTLP/HTTP (protobuf and JSON, gzip) on
-``/v1/traces`` and ``/v1/logs`` (aiohttp's server), OTLP/gRPC ``TraceService/Export`` and
-``LogsService/Export`` (grpcio's asyncio server), both on one event loop thread.
+``/v1/traces``, ``/v1/logs`` and ``/v1/metrics`` (aiohttp's server), OTLP/gRPC
+``TraceService/Export``, ``LogsService/Export`` and ``MetricsService/Export`` (grpcio's asyncio
+server), both on one event loop thread.
 
 Each export request is decoded, its candidate spans selected (``selection.py``) and offered to
 the queue as one unit (``accept``); a logs export request goes to ``accept_logs`` (GenAI
 content events joined to their spans, ``join.py``) under the same limits, authentication and
-refusals. Answers, as the OTLP specification lays them out:
+refusals. A metrics export request (SDKs send their metrics to the same endpoint by default) is
+read and counted under the same limits, then discarded (``on_metrics``): answered OK, so an
+app's metrics exporter does not log an error every export interval. Answers, as the OTLP
+specification lays them out:
 
 * queued (or nothing to queue): HTTP 200 / gRPC OK, with ``partial_success`` counting the spans
   rejected for good (invalid trace or span ids) and why;
@@ -54,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..config import MAX_INT32, Settings
-from .otlp import WIRE_FACTOR, DecodeBudget, GzipInflater, OTLPDecodeError, RequestTooLarge, count_items, decoded_bytes, parse_request, upfront_bytes
+from .otlp import WIRE_FACTOR, DecodeBudget, GzipInflater, OTLPDecodeError, RequestTooLarge, count_items, count_json_metrics, decoded_bytes, parse_request, upfront_bytes
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -96,7 +100,9 @@ class Admission:
 Accept = Callable[[Any], Admission]
 
 #: gRPC service of each signal.
-GRPC_SERVICES = {"traces": "opentelemetry.proto.collector.trace.v1.TraceService", "logs": "opentelemetry.proto.collector.logs.v1.LogsService"}
+GRPC_SERVICES = {"traces": "opentelemetry.proto.collector.trace.v1.TraceService", "logs": "opentelemetry.proto.collector.logs.v1.LogsService", "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService"}
+#: OTLP/HTTP path of each signal.
+HTTP_PATHS = {"traces": "/v1/traces", "logs": "/v1/logs", "metrics": "/v1/metrics"}
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,10 @@ def _encode(message: Any, is_json: bool) -> bytes:
 
 
 def _response(admission: Admission, signal: str = "traces") -> Any:
+    if signal == "metrics":
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+        return ExportMetricsServiceResponse()
     if signal == "logs":
         from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsPartialSuccess, ExportLogsServiceResponse
 
@@ -299,6 +309,12 @@ class OTLPServer:
         accept: ``accept(ExportTraceServiceRequest) -> Admission``.
         accept_logs: ``accept_logs(ExportLogsServiceRequest) -> Admission``; None: no logs
             receiver (``/v1/logs`` answers 404, ``LogsService`` UNIMPLEMENTED).
+        on_metrics: ``on_metrics(metrics)``, called with the number of metrics (OTLP
+            ``Metric`` messages) of each metrics export request, which is then answered OK
+            (an empty ``ExportMetricsServiceResponse``) and discarded; the request is read,
+            authenticated and bounded as a trace export is (a bad body is answered 400 /
+            INVALID_ARGUMENT). None: no metrics receiver (``/v1/metrics`` answers 404,
+            ``MetricsService`` UNIMPLEMENTED).
         host: bind address. http_port, grpc_port: ports (0: a free port; None: that protocol off).
         retry_after: ``retry_after() -> int`` seconds for refusals. on_refusal: ``fn(protocol,
             reason)`` for each retryable refusal; protocol ``"http"`` or ``"grpc"``, reason
@@ -320,6 +336,7 @@ class OTLPServer:
         accept: Accept,
         *,
         accept_logs: Optional[Accept] = None,
+        on_metrics: Optional[Callable[[int], None]] = None,
         host: str = "127.0.0.1",
         http_port: Optional[int] = 4318,
         grpc_port: Optional[int] = 4317,
@@ -334,6 +351,7 @@ class OTLPServer:
             raise ValueError("TLS needs both a certificate and a key file")
         self.accept = accept
         self.accept_logs = accept_logs
+        self.on_metrics = on_metrics
         self.host = host
         self.retry_after = retry_after
         self.count_refusal = on_refusal
@@ -357,6 +375,11 @@ class OTLPServer:
         self._want_http, self._want_grpc = http_port, grpc_port
 
     # ---------------------------------------------------------------- shared
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        """The signals received: ``traces``, then ``logs`` and ``metrics`` when handled."""
+        return ("traces",) + (("logs",) if self.accept_logs is not None else ()) + (("metrics",) if self.on_metrics is not None else ())
 
     def authorized(self, header: Optional[str]) -> bool:
         """Whether an ``Authorization`` value carries the token (always, when none is set)."""
@@ -524,10 +547,10 @@ class OTLPServer:
 
         if request.method in ("GET", "HEAD") and path in ("/healthz", "/health", ""):
             return web.Response(body=b'{"status":"ok"}', content_type="application/json")
-        signals = {"/v1/traces": "traces", "/v1/logs": "logs"} if self.accept_logs is not None else {"/v1/traces": "traces"}
+        signals = {HTTP_PATHS[signal]: signal for signal in self.signals}
         signal = signals.get(path)
         if signal is None:
-            return error(404, NOT_FOUND, f"no such path {request.path!r}; OTLP traces go to POST /v1/traces" + (", logs to POST /v1/logs" if self.accept_logs is not None else ""))
+            return error(404, NOT_FOUND, f"no such path {request.path!r}; OTLP export requests go to POST " + ", ".join(signals))
         if request.method != "POST":
             return error(405, INVALID_ARGUMENT, "use POST", {"Allow": "POST"})
         if not self.authorized(request.headers.get("Authorization")):
@@ -627,6 +650,14 @@ class OTLPServer:
         is_json = "json" in content_type.lower()
         held = 0
         try:
+            if signal == "metrics":  # counted (the protobuf's outer levels or the JSON checked), then discarded
+                upfront = upfront_bytes(body, is_json)
+                if not budget.acquire(upfront, self.limits.body_timeout):
+                    return _BUSY
+                held = upfront
+                assert self.on_metrics is not None
+                self.on_metrics(count_json_metrics(body) if is_json else count_items(body))
+                return Admission(True)
             upfront = upfront_bytes(body, is_json) + (WIRE_FACTOR * len(body) if is_json else 0)
             if not budget.acquire(upfront, self.limits.body_timeout):
                 return _BUSY
@@ -673,7 +704,7 @@ class OTLPServer:
         limits = self.limits
         handlers = [
             grpc.method_handlers_generic_handler(GRPC_SERVICES[signal], {"Export": grpc.stream_unary_rpc_method_handler(functools.partial(self._export, signal=signal), request_deserializer=None, response_serializer=lambda message: message.SerializeToString())})
-            for signal in (("traces", "logs") if self.accept_logs is not None else ("traces",))
+            for signal in self.signals
         ]
         options = [
             ("grpc.max_receive_message_length", min(limits.max_request_bytes, MAX_INT32)),  # also bounds the decompressed size

@@ -1,7 +1,8 @@
 """``relevancy-tracer serve``: the OTLP receiver that scores spans of apps that never import
 this package.
 
-:class:`ScoringService` receives OTLP traces and logs (``receiver.py``), reads the spans to
+:class:`ScoringService` receives OTLP traces and logs (``receiver.py``; metrics are counted
+and discarded), reads the spans to
 score (``selection.py``: OpenInference, Vercel AI SDK, Langfuse, Traceloop and GenAI
 attributes, filters), holds each trace's candidates until its outermost call is known
 (``decision.py``: once per call whatever the batching, retries recognised), applies the
@@ -42,6 +43,9 @@ from .telemetry import ServiceTelemetry
 from .writer import Scorer
 
 logger = logging.getLogger("relevancy_tracer")
+
+#: What the skip log line adds for a (source, reason): how the app turns it off or on.
+SKIP_HINTS = {("traceloop", "content_not_captured"): ": the app records no content, traceloop-sdk runs with TRACELOOP_TRACE_CONTENT=false; set it to true to score its calls"}
 
 
 class ServiceJob:
@@ -172,15 +176,18 @@ class ScoringService:
         self._join_expired = self.telemetry.meter_provider.get_meter("relevancy_tracer").create_counter("relevancy.service.join.expired", unit="{call}", description="Halves of GenAI calls (a span, or its content events) dropped before the other half arrived, by relevancy.join.reason")
         self.window = DecisionWindow(s.decision_wait, s.decision_max_traces, 20 * s.decision_max_traces, 4 * s.max_request_bytes, max_documents=s.max_contexts, max_document_chars=s.max_context_chars, max_pending_hold=s.join_ttl / 2, on_outcome=self._decided) if s.decision_wait > 0 else None
         meter = self.telemetry.meter_provider.get_meter("relevancy_tracer")
-        self._decisions = meter.create_counter("relevancy.service.decisions", unit="{span}", description="Candidate spans by what the decision window did with them, by relevancy.decision.outcome: root (a trace root, chosen at once), window (chosen when its trace's window ended), early (chosen early: a bound was reached), covered (nested in a chosen call), duplicate (a span id seen before: retry or duplicate), late (arrived after a call nested in it was scored: not scored), dropped (chosen early and refused by a full queue)")
+        self._decisions = meter.create_counter("relevancy.service.decisions", unit="{span}", description="Candidate spans by what the decision window did with them, by relevancy.decision.outcome: root (a trace root, chosen at once), window (chosen when its trace's window ended), early (chosen early: a bound was reached), covered (nested in a chosen call), duplicate (a span id seen before: retry or duplicate), late (arrived after a call nested in it was scored: not scored), dropped (chosen early and refused by a full queue), uncaptured (a GenAI call awaiting content events inside a call whose app records no content: not held; the outer call is counted in relevancy.service.skipped as content_not_captured)")
         self._skipped_counter = meter.create_counter("relevancy.service.skipped", unit="{span}", description="Spans that look like an LLM, chain or agent call but yield no question or answer, by relevancy.source and relevancy.reason")
+        self._discarded_counter = meter.create_counter("relevancy.service.discarded", unit="{item}", description="Items received and discarded, by relevancy.signal: metrics (OTLP metrics export requests are answered OK and discarded; SDKs send metrics to the traces endpoint by default), logs (log records that are not GenAI content events)")
+        #: items discarded so far, by signal (``metrics``: metrics; ``logs``: log records)
+        self.discarded: dict[str, int] = {}
         self.skipped_spans: dict[tuple[str, str], int] = {}
         self._skip_logged: dict[tuple[str, str], float] = {}
         self._skip_lock = threading.Lock()
         self._sweeping = threading.Event()
         self._sweeper: Optional[threading.Thread] = None
         self.skipped: dict[str, int] = {}
-        self.server = OTLPServer(self.accept, accept_logs=self.accept_logs, host=host, http_port=http_port, grpc_port=grpc_port, retry_after=self._retry_after, on_refusal=self._refused, token=s.service_token, tls_cert=tls_cert, tls_key=tls_key, limits=self.limits)
+        self.server = OTLPServer(self.accept, accept_logs=self.accept_logs, on_metrics=self._discard_metrics, host=host, http_port=http_port, grpc_port=grpc_port, retry_after=self._retry_after, on_refusal=self._refused, token=s.service_token, tls_cert=tls_cert, tls_key=tls_key, limits=self.limits)
         self.accepted = 0
         self.refused = 0
 
@@ -235,9 +242,23 @@ class ScoringService:
     def accept_logs(self, request: Any) -> Admission:
         """Join the request's GenAI content events to their spans (``join.py``) and queue the
         calls now complete, all or none (not accepted, retryable, when the queue has no room:
-        the buffer is then left as it was). Other log records are ignored."""
-        found = self.join.fold(record for record in log_records_of(request, self._max_text_chars) if is_content_event(record) and record.ids_valid)
-        return self._admit([], [], found, Admission(True))
+        the buffer is then left as it was). Other log records are discarded and counted
+        (``relevancy.service.discarded``, ``relevancy.signal=logs``)."""
+        records = log_records_of(request, self._max_text_chars)
+        content = [record for record in records if is_content_event(record) and record.ids_valid]
+        admission = self._admit([], [], self.join.fold(content), Admission(True))
+        if admission.accepted and len(records) > len(content):
+            self._discard("logs", len(records) - len(content))
+        return admission
+
+    def _discard_metrics(self, metrics: int) -> None:
+        """A metrics export request, answered OK and discarded: its metrics are counted."""
+        self._discard("metrics", metrics)
+
+    def _discard(self, signal: str, count: int) -> None:
+        with self._skip_lock:
+            self.discarded[signal] = self.discarded.get(signal, 0) + count
+        self._discarded_counter.add(count, {"relevancy.signal": signal})
 
     def _admit(self, ready: list[Candidate], pending: list[Candidate], contents: dict[tuple[str, str], Content], admission: Admission) -> Admission:
         """Join ``pending`` spans and event ``contents`` with the held halves, queue ``ready``
@@ -356,7 +377,7 @@ class ScoringService:
             self._skipped_counter.add(1, {"relevancy.source": item.source, "relevancy.reason": item.reason})
             if log:
                 keys = sorted(str(k)[:80] for k in item.span.attributes)
-                logger.warning("relevancy-tracer serve: %s span %r yields no question or answer (%s); attribute keys: %s%s (further such spans are counted in relevancy.service.skipped, logged once a minute)", item.source, item.span.name[:80], item.reason, ", ".join(keys[:40]), f" and {len(keys) - 40} more" if len(keys) > 40 else "")
+                logger.warning("relevancy-tracer serve: %s span %r yields no question or answer (%s%s); attribute keys: %s%s (further such spans are counted in relevancy.service.skipped, logged once a minute)", item.source, item.span.name[:80], item.reason, SKIP_HINTS.get((item.source, item.reason), ""), ", ".join(keys[:40]), f" and {len(keys) - 40} more" if len(keys) > 40 else "")
 
     def _expired(self, reason: str, count: int) -> None:
         self._join_expired.add(count, {"relevancy.join.reason": reason})

@@ -94,7 +94,11 @@ NO_QUESTION = "no_question"
 NO_USER_MESSAGE = "no_user_message"  # chat messages without a user turn
 NO_ANSWER = "no_answer"
 TOOL_CALL = "tool_call"  # the reply only calls tools
-SKIP_REASONS = (UNKNOWN_JSON, INVALID_JSON, TOO_DEEP, PYTHON_REPR, NO_INPUT, NO_QUESTION, NO_USER_MESSAGE, NO_ANSWER, TOOL_CALL)
+#: the app records no content: a Traceloop workflow or agent without ``traceloop.entity.input``
+#: and ``.output`` (``TRACELOOP_TRACE_CONTENT=false``; with it on, traceloop-sdk always writes
+#: the input, its JSON encoder falling back to class names)
+CONTENT_NOT_CAPTURED = "content_not_captured"
+SKIP_REASONS = (UNKNOWN_JSON, INVALID_JSON, TOO_DEEP, PYTHON_REPR, NO_INPUT, NO_QUESTION, NO_USER_MESSAGE, NO_ANSWER, TOOL_CALL, CONTENT_NOT_CAPTURED)
 # verdicts of SpanSelector.read
 CANDIDATE, PENDING, SKIPPED, IGNORED = "candidate", "pending", "skipped", "ignored"
 
@@ -257,8 +261,10 @@ def question_of(value: Any, depth: int = 0) -> str:
       message (LlamaIndex's chat engines) | query_str;
       ``messages`` (an OpenAI chat request, the Vercel AI SDK's ``{"system", "messages"}``,
       LangChain's chat model input): the last user message; ``prompt`` as a message list;
-      ``input`` / ``inputs`` / ``kwargs`` (LangChain chains, Langfuse's ``@observe`` inputs)
-      one level down; Langfuse's ``{"args": [one argument]}`` (a string or chat messages).
+      ``input`` / ``inputs`` / ``kwargs`` (LangChain chains, OpenLLMetry's LangChain
+      ``{"inputs", "tags", "metadata", "kwargs"}``, Langfuse's ``@observe`` inputs) one level
+      down, ``inputs`` also as a string (a chain invoked with one); Langfuse's ``{"args": [one
+      argument]}`` (a string or chat messages).
 
     Anything else raises Unreadable(unknown_json): nothing is guessed from "the only string
     field" (the system prompt and model names are strings too). Walks at most 4 levels of
@@ -282,6 +288,8 @@ def question_of(value: Any, depth: int = 0) -> str:
             messages = _messages(value.get(name))
             if messages is not None:
                 return last_user_text(messages)
+        if isinstance(value.get("inputs"), str):  # a chain invoked with a string
+            return question_of(value["inputs"], depth + 1)
         for name in ("input", "inputs", "kwargs"):
             if isinstance(value.get(name), (dict, list)):
                 try:
@@ -302,10 +310,13 @@ def answer_of(value: Any, depth: int = 0) -> str:
     * an OpenAI chat completion (``choices[0].message.content``; ``choices[0].text`` for text
       completions), a Responses API response (``output_text``, or the ``output_text`` parts
       of its ``output`` messages), LangChain's ``generations[0][0]``;
-    * a chat message or a list of them (the assistant's text); ``messages`` (LangGraph's
-      state): the last assistant message;
+    * a chat message or a list of them (the assistant's text), LangChain's serialised message
+      (``{"lc": 1, "type": "constructor", "id": [..., "AIMessage"], "kwargs": {"content"}}``,
+      its ``to_json()``); ``messages`` (LangGraph's state): the last assistant message;
     * an object with a string field named answer | output | result | response | text |
-      content | output_text; ``output`` / ``result`` / ``message`` one level down.
+      content | output_text; ``output`` / ``result`` / ``message`` / ``outputs`` one level
+      down (``outputs``: a chain's outputs, as OpenLLMetry's LangChain instrumentation writes
+      them, also a string).
 
     Anything else raises Unreadable(unknown_json); a reply that only calls tools
     Unreadable(tool_call). Linear in the value's size.
@@ -339,6 +350,12 @@ def answer_of(value: Any, depth: int = 0) -> str:
             found = _message(value)
             if found is not None:
                 return assistant_text([found])
+        if value.get("type") == "constructor" and isinstance(value.get("kwargs"), dict):  # LangChain's to_json()
+            found = _message(value)
+            if found is not None and found[0] in ("assistant", ""):
+                return assistant_text([found])
+        if isinstance(value.get("outputs"), str):  # a chain ending in a string (StrOutputParser)
+            return answer_of(value["outputs"], depth + 1)
         for name in ANSWER_FIELDS:
             field_value = value.get(name)
             if isinstance(field_value, str) and field_value.strip():
@@ -453,10 +470,32 @@ def langfuse_texts(attributes: dict[str, Any]) -> tuple[str, str]:
 def traceloop_texts(attributes: dict[str, Any]) -> tuple[str, str]:
     """(question, answer) of a Traceloop ``@workflow`` or ``@agent`` span (``traceloop-sdk``):
     ``traceloop.entity.input`` (JSON ``{"args": [...], "kwargs": {...}}``: a function of one
-    argument, a question or chat messages, whose last user turn is the question) and
-    ``traceloop.entity.output`` (JSON of the return value: text, a chat completion, a message).
-    Raises Unreadable."""
-    return question_of(_value(attributes, TRACELOOP_INPUT, serialised=True)), answer_of(_value(attributes, TRACELOOP_OUTPUT, serialised=True))
+    argument, a question or chat messages, whose last user turn is the question; a method's
+    ``self`` before it is dropped, :func:`without_self`) and ``traceloop.entity.output`` (JSON
+    of the return value: text, a chat completion, a message). Raises Unreadable."""
+    value = without_self(_value(attributes, TRACELOOP_INPUT, serialised=True), str(attributes.get("traceloop.entity.name") or ""))
+    return question_of(value), answer_of(_value(attributes, TRACELOOP_OUTPUT, serialised=True))
+
+
+def without_self(value: Any, entity_name: str) -> Any:
+    """A Traceloop method's input without its ``self``: ``{"args": [self, x]}`` -> ``{"args":
+    [x]}`` when the first argument is unambiguously the instance. traceloop-sdk's JSON encoder
+    writes an object it cannot serialise as its class name (``"Assistant"``), and an unnamed
+    decorator's entity name is the method's ``__qualname__`` (``Assistant.answer``). So the
+    first argument is ``self`` when it is that class name, or, under a named decorator (no class
+    in the name), a CapWords identifier followed by a chat message list. Any other value is
+    returned as it is (a function of two arguments is not guessed from). An instance the
+    encoder serialises (a dataclass, a pydantic model: a JSON object) is not recognised."""
+    if not isinstance(value, dict) or value.get("kwargs"):
+        return value
+    args = value.get("args")
+    if not isinstance(args, list) or len(args) != 2 or not isinstance(args[0], str) or not args[0].isidentifier():
+        return value
+    first, second = args
+    owner = entity_name.split(".")[-2] if "." in entity_name else None
+    if first == owner or (first[:1].isupper() and _messages(second) is not None):
+        return {"args": [second], "kwargs": {}}
+    return value
 
 
 def _load(value: Any) -> Any:
@@ -608,6 +647,8 @@ class SpanSelector:
                 return CANDIDATE, (question, answer, "langfuse")
             elif str(attrs.get(TRACELOOP_KIND) or "") in TRACELOOP_CALLS:
                 source = "traceloop"
+                if TRACELOOP_INPUT not in attrs and TRACELOOP_OUTPUT not in attrs:
+                    raise Unreadable(CONTENT_NOT_CAPTURED)
                 question, answer = traceloop_texts(attrs)
                 return CANDIDATE, (question, answer, "traceloop")
         except Unreadable as exc:

@@ -19,7 +19,7 @@ source = os.environ["SOURCE"]
 processor = SimpleSpanProcessor if os.environ.get("PROCESSOR") == "simple" else BatchSpanProcessor
 provider = TracerProvider(resource=Resource.create({"service.name": f"{source}-app"}))
 provider.add_span_processor(processor(OTLPSpanExporter()))
-if source not in ("logfire", "traceloop_workflow"):  # Logfire and Traceloop install their own
+if source not in ("logfire", "traceloop_workflow", "traceloop_method"):  # Logfire and Traceloop install their own
     trace.set_tracer_provider(provider)
 logger_provider = None
 
@@ -27,6 +27,10 @@ if source == "openinference_openai":
     from openinference.instrumentation.openai import OpenAIInstrumentor
 
     OpenAIInstrumentor().instrument(tracer_provider=provider)
+elif source == "openllmetry_langchain":
+    from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+
+    LangchainInstrumentor().instrument(tracer_provider=provider)
 elif source.startswith("openllmetry"):
     from opentelemetry import _logs
     from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
@@ -38,7 +42,7 @@ elif source.startswith("openllmetry"):
     logger_provider.add_log_record_processor((SimpleLogRecordProcessor if os.environ.get("PROCESSOR") == "simple" else BatchLogRecordProcessor)(OTLPLogExporter()))
     _logs.set_logger_provider(logger_provider)
     OpenAIInstrumentor(use_legacy_attributes=source != "openllmetry_events").instrument(tracer_provider=provider, logger_provider=logger_provider)
-elif source in ("logfire", "traceloop_workflow"):
+elif source in ("logfire", "traceloop_workflow", "traceloop_method"):
     pass  # they configure their own provider, below
 elif source == "langfuse":
     pass  # set up below: Langfuse adds its span processor to this provider
@@ -143,7 +147,9 @@ def traceloop_app() -> None:
     exporter (``disable_batch`` with PROCESSOR=simple), an ``@workflow`` calling a ``@task``
     calling the instrumented OpenAI client: ``answer.workflow`` > ``generate.task`` >
     ``openai.chat``, the decorators' spans holding ``traceloop.entity.input`` / ``.output``
-    (JSON of the arguments and return value)."""
+    (JSON of the arguments and return value). SOURCE=traceloop_method: the workflow is an
+    unnamed ``@workflow`` method of a class (``Assistant.answer.workflow``, ``self`` among its
+    arguments)."""
     from traceloop.sdk import Traceloop
     from traceloop.sdk.decorators import task, workflow
     from traceloop.sdk.instruments import Instruments
@@ -163,14 +169,52 @@ def traceloop_app() -> None:
         calls.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
         return generate(messages)
 
+    class Assistant:
+        def __init__(self, model):
+            self.model = model
+
+        @workflow()
+        def answer(self, messages):
+            calls.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
+            return generate(messages)
+
+    assistant = Assistant("gpt-4o-mini")
     for conversation in json.loads(sys.argv[2]):
-        answer(conversation)
+        (assistant.answer if source == "traceloop_method" else answer)(conversation)
     trace.get_tracer_provider().shutdown()
     print(json.dumps(calls))
     raise SystemExit(0)
 
 
-if source == "traceloop_workflow":
+def langchain_app() -> None:
+    """A LangChain chain, ``ChatPromptTemplate | ChatOpenAI``, invoked with the question and the
+    earlier turns as history, under OpenLLMetry's LangChain instrumentation: the chain's
+    ``RunnableSequence.workflow`` span is the trace root (``traceloop.entity.input``
+    ``{"inputs": {...}}``), with the prompt's task span and the ``ChatOpenAI.chat`` span inside."""
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+    from langchain_openai import ChatOpenAI
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    roots = []
+
+    class Roots(SpanProcessor):
+        def on_end(self, span):
+            if span.parent is None:
+                roots.append(format(span.context.trace_id, "032x"))
+
+    provider.add_span_processor(Roots())
+    prompt = ChatPromptTemplate.from_messages([("system", SYSTEM), MessagesPlaceholder("history"), ("human", "{question}")])
+    chain = prompt | ChatOpenAI(model="gpt-4o-mini", base_url=sys.argv[1], api_key="unused", max_retries=0)
+    for conversation in json.loads(sys.argv[2]):
+        chain.invoke({"question": conversation[-1]["content"], "history": [(m["role"], m["content"]) for m in conversation[:-1]]})
+    provider.shutdown()
+    print(json.dumps(roots))
+    raise SystemExit(0)
+
+
+if source == "openllmetry_langchain":
+    langchain_app()
+if source in ("traceloop_workflow", "traceloop_method"):
     traceloop_app()
 if source == "logfire":
     logfire_app()
