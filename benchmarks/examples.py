@@ -6,9 +6,9 @@ and docs/index.md show an answer span in Phoenix (``docs/images/phoenix-trace.pn
 made by one command here, which stores what the command printed with the command itself, the
 package version, the evaluator (method, ``relevancy.evaluator.version``, models), the CPU cores
 and the date; ``python -m benchmarks.figures --write`` renders the stored outputs into the pages
-(``<!-- fig-block example_score:transcript -->`` blocks; ``tests/test_figures.py`` fails while
-a page differs from its file), and ``python -m benchmarks.examples check`` fails when a file was
-made by another evaluator than the current default::
+(``<!-- fig-block example_score:transcript -->`` blocks), and ``tests/test_figures.py`` fails
+while a page differs from its file or a file was made by another evaluator than the current
+default (``python -m benchmarks.examples check``)::
 
     python -m benchmarks.examples score        # relevancy-tracer score examples/answers.jsonl -o out.jsonl
     python -m benchmarks.examples demo         # relevancy-tracer demo (exits once every answer is in Phoenix)

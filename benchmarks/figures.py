@@ -1113,6 +1113,47 @@ def _healthy_low_label_share(r: Results) -> float:
     return data["prior"] * low("reference") + (1 - data["prior"]) * sum(low(k) for k in variants) / len(variants)
 
 
+# ---- docs/index.md, docs/scoring.md: example_demo.json, example_score.json (python -m benchmarks.examples)
+
+#: how the example RAG app answers a question its reference does not cover (examples/rag_app.py)
+DEMO_UNKNOWN_PREFIX = "I don't know"
+
+
+def _demo_group(r: Results, group: str) -> list[dict]:
+    if group not in ("unknown", "known"):
+        raise FigureError(f"no demo answer group {group!r}: unknown or known")
+    return [a for a in r.get("example_demo:answers") if a["answer"].startswith(DEMO_UNKNOWN_PREFIX) == (group == "unknown")]
+
+
+def _counted(values: list[str]) -> str:
+    counts = sorted(((values.count(v), v) for v in set(values)), key=lambda item: (-item[0], item[1]))
+    if len(counts) == 1:
+        return f"all `{counts[0][1]}`"
+    return ", ".join(f"{n} `{v}`" for n, v in counts)
+
+
+@derived("examples.demo")
+def _demo_answers(r: Results, group: str, what: str) -> str:
+    """One group of the demo's answers (``unknown``: the app's "I don't know", ``known``: the
+    others): ``count``, ``scores`` (lowest-highest, 3 decimals), ``labels`` or ``why`` (the failure
+    kinds, ``none`` when none), as prose."""
+    answers = _demo_group(r, group)
+    if not answers:
+        raise FigureError(f"example_demo.json has no {group} answer")
+    if what == "count":
+        return str(len(answers))
+    if what == "scores":
+        scores = [a["score"] for a in answers]
+        low, high = f"{min(scores):.3f}", f"{max(scores):.3f}"
+        return low if low == high else f"{low}-{high}"
+    if what == "labels":
+        return _counted([a["label"] for a in answers])
+    if what == "why":
+        kinds = [a["why"] for a in answers if a["why"]]
+        return _counted(kinds) if kinds else "none"
+    raise FigureError(f"examples.demo: no {what!r}: count, scores, labels or why")
+
+
 # --------------------------------------------------------------------------------------------
 
 

@@ -23,6 +23,16 @@ def test_the_docs_hold_figures_and_the_design_notes_none():
     marked = {name for name, text in pages.items() if "<!-- fig" in text}
     assert {"quality.md", "calibration.md", "benchmarks.md"} <= marked
     assert "design-notes.md" not in marked, "design-notes.md is history: no figure there is rendered as current"
+    # the example outputs are rendered from what the commands printed, not pasted
+    assert "<!-- fig-block example_demo:transcript -->" in pages["index.md"]
+    assert "<!-- fig-block example_score:transcript -->" in pages["scoring.md"] and "<!-- fig-block example_score:first_row -->" in pages["scoring.md"]
+
+
+def test_the_example_outputs_and_the_screenshot_are_of_the_current_default(capsys):
+    """example_score.json, example_demo.json and the screenshot's sidecar name the evaluator
+    that made them: after a change of method, prompts, models, decoding or calibration they must
+    be made again (a picture of an old default fails here, though a PNG cannot be compared)."""
+    assert examples.main(["check"]) == 0, capsys.readouterr().err
 
 
 @pytest.fixture
