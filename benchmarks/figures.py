@@ -680,10 +680,11 @@ def _overload_table(r: Results, variant: str) -> str:
             bold(fmt(phase["scored_vs_capacity"], ".2f")),
             bold(fmt(phase["share_timeout"], ".2g") if phase["share_timeout"] else "0"),
             fmt(shed, ".2f") if shed else "0",
+            str(phase["scored_after_hold"]),
             fmt(phase["sample_ratio_at_end"], ".2f"),
             fmt(phase["p99_ms"], ".1f"),
         ])
-    return md_table(["offered", "calls", "scored rate / capacity", "timeout", "shed (`capacity`)", "effective sample ratio at the end", "p99 ms"], rows, ["---"] + ["---:"] * 6)
+    return md_table(["offered", "calls", "scored rate / capacity", "timeout", "shed (`capacity`)", "scored after the hold", "effective sample ratio at the end", "p99 ms"], rows, ["---"] + ["---:"] * 7)
 
 
 @table("overload.paced_host")
