@@ -467,8 +467,6 @@ def _mean_speed(r: Results, stems: list[str]) -> float:
 
 JUDGE_ROUNDS = ["speed_ragas_judge_1", "speed_ragas_judge_2"]
 DEFAULT_ROUNDS = ["speed_ragas_judge_intent_1", "speed_ragas_judge_intent_2"]
-THIS_STOP_CURRENT = ["speed_this_stop_current_1", "speed_this_stop_current_2"]
-THIS_STOP_PREVIOUS = ["speed_this_stop_prev_1", "speed_this_stop_prev_2"]
 
 
 @derived("speed.default_over_judge")
@@ -485,18 +483,6 @@ def _default_over_judge_1(r: Results) -> float:
 @derived("speed.default_over_judge_round_2")
 def _default_over_judge_2(r: Results) -> float:
     return _speed(r, DEFAULT_ROUNDS[1]) / _speed(r, JUDGE_ROUNDS[1])
-
-
-@derived("speed.this_stop_ratio")
-def _this_stop_ratio(r: Results) -> float:
-    """This commit's default over the previous commit's, seconds per evaluation, rounds pooled."""
-    return _mean_speed(r, THIS_STOP_CURRENT) / _mean_speed(r, THIS_STOP_PREVIOUS)
-
-
-@derived("speed.table_over_this_stop")
-def _table_over_this_stop(r: Results) -> float:
-    """How much slower the speed table's default ran than the same-commit pair's: machine drift."""
-    return _mean_speed(r, DEFAULT_ROUNDS) / _mean_speed(r, THIS_STOP_CURRENT)
 
 
 @table("speed.methods")
