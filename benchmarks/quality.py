@@ -403,6 +403,32 @@ def speed_report(records: list[dict]) -> dict[str, float]:
     }
 
 
+def read_as_the_engine(records: list[dict], items: list[dict], calibration_file: Path, config: str) -> list[dict]:
+    """``records`` with the score and label the engine would give them under ``calibration_file``
+    (:func:`relevancy_tracer.scoring.engine.interpret`: the calibrated probability at the
+    calibration's stated prior, the label from the evidence, and the failure-kind rule that
+    labels echo, hedge, evasive and off-topic answers ``does_not_address``), the failure kind's
+    example similarities from ``benchmarks.production_mix``'s cache of them."""
+    from relevancy_tracer.config import EVIDENCE_THRESHOLDS
+    from relevancy_tracer.scoring.engine import interpret
+    from relevancy_tracer.scoring.evaluator import load_calibration
+
+    from .production_mix import _key, refusal_components
+
+    calibration = load_calibration(str(calibration_file))
+    answers = {(it["set"], it["id"], it["cand"]): it["answer"] for it in items}
+    refusals = refusal_components([answers[(r["set"], r["id"], r["cand"])] for r in records if r.get("raw") is not None], RESULTS / "refusal_similarities.json.gz")
+    out = []
+    for r in records:
+        if r.get("raw") is None:
+            out.append(dict(r, config=config))
+            continue
+        components = dict(r.get("components") or {}, **refusals[_key(answers[(r["set"], r["id"], r["cand"])])])
+        score, _, _, label, _, kind = interpret(r["raw"], calibration, EVIDENCE_THRESHOLDS, True, None, components, r.get("similarities") or [], r.get("noncommittal") or [])
+        out.append(dict(r, config=config, score=score, label_name=label, failure_kind=kind))
+    return out
+
+
 def baseline_records(items: list[dict]) -> list[dict]:
     """Records of the word-overlap baseline for the same items (raw = score = term recall)."""
     out = []
@@ -713,16 +739,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             by_config[derived] = derive(by_config[name], {component: 1.0}, derived)
             names.append(derived)
         if args.calibration_file is not None:
-            from relevancy_tracer.config import PROBABILITY_THRESHOLDS
-            from relevancy_tracer.result import label_for
-            from relevancy_tracer.scoring.evaluator import load_calibration
-
-            calibration = load_calibration(str(args.calibration_file))
             calibrated = f"{name} calibrated"
-            by_config[calibrated] = [
-                dict(r, config=calibrated, score=float(calibration(r["raw"])), label_name=label_for(float(calibration(r["raw"])), PROBABILITY_THRESHOLDS)[0]) if r.get("raw") is not None else dict(r, config=calibrated)
-                for r in by_config[name]
-            ]
+            by_config[calibrated] = read_as_the_engine(by_config[name], items, args.calibration_file, calibrated)
             names.insert(0, calibrated)
     if "word_overlap" not in names:
         names.append("word_overlap")

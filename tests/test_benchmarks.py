@@ -34,7 +34,9 @@ def test_overload_benchmark_runs_its_scripted_variant_and_nothing_times_out(tmp_
     this catches a variant that cannot start its scripted models, which scores nothing)."""
     out = tmp_path / "overload.json"
     command = [sys.executable, "-m", "benchmarks.overload", "--variants", "paced-host", "--factors", "5", "--seconds", "10", "--calibrate-seconds", "5", "--calibrate-evaluations", "3", "--pace", "0.05", "--out", str(out)]
-    proc = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    # a model host of its own (hosts are shared per cache directory and model set: a paced host
+    # of another run keeps the pace it started with)
+    proc = subprocess.run(command, env=subprocess_env(RELEVANCY_TRACER_CACHE_DIR=str(tmp_path / "cache")), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
     (phase,) = json.loads(out.read_text(encoding="utf-8"))["variants"]["paced-host"]["phases"]
     assert set(phase["statuses"]) <= {"scored", "capacity"} and phase["statuses"].get("scored", 0) > 0, phase
