@@ -360,6 +360,7 @@ QUALITY_ROWS = [
     ("judge (component of ragas_judge_intent)", "`judge` component"),
     ("topicality (component of ragas_judge_intent)", "`topicality` component"),
     ("word_overlap", "word overlap"),
+    ("answer_length", "answer length"),
 ]
 PAIR_KINDS = ["incomplete", "evasive", "off_topic", "padded", "echo", "hedge"]
 

@@ -37,6 +37,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -429,12 +430,18 @@ def read_as_the_engine(records: list[dict], items: list[dict], calibration_file:
     return out
 
 
-def baseline_records(items: list[dict]) -> list[dict]:
-    """Records of the word-overlap baseline for the same items (raw = score = term recall)."""
+#: Model-free baselines reported beside every method.
+BASELINES = ("word_overlap", "answer_length")
+
+
+def baseline_records(items: list[dict], config: str = "word_overlap") -> list[dict]:
+    """Records of a model-free baseline for the same items: ``word_overlap`` (raw = score = term
+    recall) or ``answer_length`` (raw = score = 1 - exp(-characters / 1000), increasing in the
+    answer's length: only its ranking matters)."""
     out = []
     for it in items:
-        value = term_recall(it["question"], it["answer"])
-        out.append({k: it[k] for k in ("set", "id", "cand", "label", "subset", "origin")} | {"config": "word_overlap", "status": "scored", "raw": value, "score": value})
+        value = term_recall(it["question"], it["answer"]) if config == "word_overlap" else 1.0 - math.exp(-len(it["answer"]) / 1000.0)
+        out.append({k: it[k] for k in ("set", "id", "cand", "label", "subset", "origin")} | {"config": config, "status": "scored", "raw": value, "score": value})
     return out
 
 
@@ -729,9 +736,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 if not args.report_only and name not in [n for n, _ in configs]:
                     configs.append((name, {}))
     scored = {(r["set"], r["id"], r["cand"]) for records in by_config.values() for r in records}
-    by_config["word_overlap"] = baseline_records([it for it in items if (it["set"], it["id"], it["cand"]) in scored])
+    for baseline in BASELINES:
+        by_config[baseline] = baseline_records([it for it in items if (it["set"], it["id"], it["cand"]) in scored], baseline)
     names = [n for n, _ in configs if n in by_config] if not args.report_only else sorted(by_config)
-    for name in [n for n in names if n != "word_overlap"]:
+    for name in [n for n in names if n not in BASELINES]:
         for component in filter(None, args.components.split(",")):
             if not any(component in (r.get("components") or {}) for r in by_config[name]):
                 continue
@@ -742,15 +750,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             calibrated = f"{name} calibrated"
             by_config[calibrated] = read_as_the_engine(by_config[name], items, args.calibration_file, calibrated)
             names.insert(0, calibrated)
-    if "word_overlap" not in names:
-        names.append("word_overlap")
+    names += [b for b in BASELINES if b not in names]
     reports = {name: config_report(by_config[name]) for name in names}
     table = markdown(reports)
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"sets": sets, "limit": args.limit, "reports": reports}, indent=1, default=str), encoding="utf-8")
     args.out_md.write_text(table + "\n", encoding="utf-8")
-    first = next((n for n in names if n.endswith(" calibrated")), None) or next((n for n in names if n != "word_overlap"), None)
+    first = next((n for n in names if n.endswith(" calibrated")), None) or next((n for n in names if n not in BASELINES), None)
     if first is not None and any(r.get("score") is not None for r in by_config[first]):
         reliability_plot(by_config[first], args.plot, f"{first}: reliability on the development sets")
     print(f"\nwritten: {args.out}, {args.out_md}, {args.plot}")
