@@ -723,7 +723,8 @@ def _default_sustained(r: Results) -> str:
 def _default_seconds_between(r: Results) -> str:
     """Seconds between scored evaluations at the phases' scored rates (at least capacity offered)."""
     rates = [p["scored_rate"] for p in _phases(r, "default")]
-    return f"{1 / max(rates):.0f}-{1 / min(rates):.0f}"
+    low, high = f"{1 / max(rates):.0f}", f"{1 / min(rates):.0f}"
+    return low if low == high else f"{low}-{high}"
 
 
 @derived("overload.default_scored_per_phase")
