@@ -283,3 +283,21 @@ def test_traceloop_with_content_capture_off_is_counted_as_such_not_held(processo
         assert len(logged) == 1 and "TRACELOOP_TRACE_CONTENT=false" in logged[0] and "Lyon" not in logged[0]
     finally:
         service.stop(10)
+
+
+def test_the_docs_source_table_names_every_pinned_source_of_the_matrix():
+    """docs/service.md's table of sources tried names the package under test of every matrix
+    environment at its pinned version (the first pin of each ``tests/sources/NAME.txt``; the Vercel
+    project's ``ai`` and ``@arizeai/openinference-vercel``), so a pin bump without the docs fails."""
+    page = (ROOT / "docs" / "service.md").read_text(encoding="utf-8")
+    table = page[page.index("| source | versions tried | read from |"):]
+    table = table[: table.index("\n\n")]
+    expected = []
+    for pins in sorted(SOURCES.glob("*.txt")):
+        lines = [line.strip() for line in pins.read_text(encoding="utf-8").splitlines() if line.strip() and not line.startswith("#")]
+        expected.append(lines[0])
+    dependencies = json.loads((SOURCES / "vercel" / "package.json").read_text(encoding="utf-8"))["dependencies"]
+    expected += [f"{name}@{dependencies[name]}" for name in ("ai", "@arizeai/openinference-vercel")]
+    assert len(expected) >= 10
+    missing = [pin for pin in expected if pin not in table]
+    assert not missing, f"docs/service.md's source table lacks {missing}"
