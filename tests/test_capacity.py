@@ -293,8 +293,19 @@ def test_a_result_after_the_hold_goes_on_a_linked_evaluator_span(tracing, otel, 
     assert not any(key[1] == "timeout" for key in lifecycle.current().metrics.counts() if key[0] == "late")
 
 
+def measured(capacity: Capacity, seconds: float) -> None:
+    """Make ``capacity`` have measured ``seconds`` per warm evaluation with every slot busy."""
+    capacity.warm_since = -math.inf
+    capacity.observe(seconds, busy=True)
+
+
 def test_the_error_names_the_limit_that_applied(tracing, otel, server):
-    tracing(concurrency=1, hold_timeout=0.5, evaluation_timeout=1.5, capture_content=True)
+    """The first call hangs: deferred at the 0.5 s hold, then past evaluation_timeout. The second
+    was admitted (0.2 s measured per evaluation), but at the end of its hold it still waits,
+    and it cannot be scored within evaluation_timeout (0.6 s) of the call: it ends there,
+    ``capacity``, reason ``deadline``, on its answer span."""
+    tracing(concurrency=1, hold_timeout=0.5, evaluation_timeout=0.6, capture_content=True)
+    measured(lifecycle.current().capacity, 0.2)
     server.chat.push(Hang())
 
     @relevancy_tracer.trace(name="limits")
@@ -302,7 +313,7 @@ def test_the_error_names_the_limit_that_applied(tracing, otel, server):
         return ANSWER
 
     answer(QUESTION)  # runs (hangs): deferred at the hold, then past evaluation_timeout
-    answer(QUESTION)  # queued behind it: not started before its hold ended
+    answer(QUESTION)  # queued behind it: cannot be scored in time
     assert relevancy_tracer.flush(10)
     spans = {dict(s.attributes)[A.STATUS]: dict(s.attributes) for s in finished_spans(otel, "limits")}
     assert sorted(spans) == ["capacity", "deferred"]
@@ -310,4 +321,73 @@ def test_the_error_names_the_limit_that_applied(tracing, otel, server):
     assert spans["deferred"][A.STATUS_REASON] == "hold_timeout" and "hold_timeout (0.5 s)" in spans["deferred"][A.ERROR]
     (evaluator,) = finished_spans(otel, A.EVALUATION_NAME)
     e = dict(evaluator.attributes)
-    assert e[A.STATUS] == "timeout" and e[A.STATUS_REASON] == "evaluation_timeout" and "evaluation_timeout (1.5 s)" in e[A.ERROR]
+    assert e[A.STATUS] == "timeout" and e[A.STATUS_REASON] == "evaluation_timeout" and "evaluation_timeout (0.6 s)" in e[A.ERROR]
+
+
+def test_an_admitted_call_still_queued_at_the_end_of_its_hold_is_deferred_and_scored(tracing, otel, server):
+    """Admitted work is finished (issue 37: the gunicorn burst): the admission expected the
+    second call to be scored within its hold, but the first evaluation is slow (a gate). At the
+    end of the hold the second still waits: its answer span ends ``deferred`` (not
+    ``capacity``), and once the first finishes it is scored on its EVALUATOR span, within
+    evaluation_timeout of the call. Fails when a queued call is shed at the end of its hold."""
+    tracing(concurrency=1, hold_timeout=0.5, evaluation_timeout=60.0)
+    measured(lifecycle.current().capacity, 0.2)
+    gate = threading.Event()
+    server.chat.push(Gate(gate))
+
+    @relevancy_tracer.trace(name="queued")
+    def answer(question):
+        return ANSWER
+
+    try:
+        answer(QUESTION)
+        answer(QUESTION)
+        assert otel.ledger.wait_ended("queued", 2, 30)  # both holds ended; the first still runs
+        held = [dict(s.attributes) for s in finished_spans(otel, "queued")]
+        assert [a[A.STATUS] for a in held] == ["deferred", "deferred"] and not finished_spans(otel, A.EVALUATION_NAME)
+    finally:
+        gate.set()
+    assert relevancy_tracer.flush(30)
+    evaluators = [dict(s.attributes) for s in finished_spans(otel, A.EVALUATION_NAME)]
+    assert sorted(e[A.STATUS] for e in evaluators) == ["scored", "scored"]
+    assert sorted(e[A.EVALUATION_ID] for e in evaluators) == sorted(a[A.EVALUATION_ID] for a in held)
+    assert not any(key[1] in ("capacity", "timeout") for key in lifecycle.current().metrics.counts() if key[0] == "queued")
+
+
+class DeferrableJob(FakeJob):
+    """A FakeJob with a hold (``deadline``) and a later ``due``, recording when it was deferred."""
+
+    def __init__(self, hold: float, due: float) -> None:
+        now = time.monotonic()
+        super().__init__(now + hold, name="hold_timeout", limit=hold)
+        self.deferrable = True
+        self.due, self.due_name, self.due_limit = now + due, "evaluation_timeout", due
+        self.deferred = threading.Event()
+        self.deferred_while_queued = None
+
+    def defer(self) -> None:
+        self.deferred_while_queued = not self.started.is_set()
+        self.deferred.set()
+
+
+def test_a_queued_deferrable_job_is_deferred_at_its_hold_and_not_started_after_its_due():
+    """The queue tells a waiting job its hold ended (its answer span ends ``deferred``), keeps
+    it queued while it can still be useful, and ends it, never started, at its ``due``, the
+    error naming the limit that applied then."""
+    queue = JobQueue(queue_size=10, concurrency=1)
+    gate = threading.Event()
+    try:
+        running = FakeJob(math.inf, gate)
+        waiting = DeferrableJob(hold=0.2, due=0.8)
+        assert queue.submit(running) and queue.submit(waiting)
+        assert running.started.wait(10)
+        assert waiting.deferred.wait(10) and waiting.deferred_while_queued and waiting.outcome is None
+        assert waiting.done.wait(10)
+        status, error, reason = waiting.outcome
+        assert status == Status.CAPACITY and reason == "deadline" and "evaluation_timeout (0.8 s)" in error
+        assert not waiting.started.is_set()
+        gate.set()
+        assert queue.flush(10) and running.outcome[0] == Status.SCORED
+    finally:
+        gate.set()
+        queue.shutdown(5)

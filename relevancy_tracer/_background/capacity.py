@@ -1,7 +1,8 @@
 """Admission by capacity: score what the scorer can finish in time, shed the rest at once.
 
-An evaluation is worth starting only if its result can arrive before its deadline (the answer
-span's ``hold_timeout``). Under overload a plain FIFO queue lets every job wait, so the model
+An evaluation is worth starting only if its result can arrive while it is still useful: on the
+answer span within its ``hold_timeout``, and otherwise, on the linked EVALUATOR span, within
+``evaluation_timeout`` of the call. Under overload a plain FIFO queue lets every job wait, so the model
 spends its time on evaluations that expire before or while they run, and the scored rate
 collapses. :class:`Capacity` measures the scorer as it runs and decides at submission, with
 O(1) reads on the caller's thread:
@@ -25,10 +26,15 @@ O(1) reads on the caller's thread:
   that can start at once waits for nothing, so a burst on a scorer with free slots is scored
   whole (under sustained overload the slots are always busy and the threshold always applies).
 * **Expected wait.** A call is admitted only when its expected finish, ``D * max(1, (n + 1) /
-  concurrency)`` for ``n`` evaluations queued or running ahead of it, fits its budget (the
-  deadline it is submitted with): otherwise status ``capacity``, reason ``expected_wait``. An
-  idle scorer always takes a call, so a scorer slower than the budget still scores (late, on
-  the linked EVALUATOR span) and keeps measuring.
+  concurrency)`` for ``n`` evaluations queued or running ahead of it
+  (:meth:`Capacity.expected_finish`), fits its budget (the answer span's hold): otherwise
+  status ``capacity``, reason ``expected_wait``. An idle scorer always takes a call, so a
+  scorer slower than the budget still scores (late, on the linked EVALUATOR span) and keeps
+  measuring.
+* **Admitted work is finished.** The estimate can be wrong (a burst, a model host slowed by
+  its other clients): an admitted call still queued when its hold ends is deferred, not shed,
+  when it is expected to finish within ``evaluation_timeout`` of the call, and a queued one
+  starts whenever it can still finish by then (:meth:`Capacity.worth_starting`).
 
 The estimates are updated on the background loop (every completed evaluation, and once a
 second by the job queue's reaper), never on the app's thread. Modelled on sentry-python's
@@ -176,8 +182,15 @@ class Capacity:
         else:
             self.max_depth = max(1, math.floor(self.concurrency * self.budget * SAFETY / d))
 
+    def expected_finish(self, ahead: int) -> float:
+        """Expected seconds until a call with ``ahead`` (>= 0) evaluations queued or running
+        before it has its result: ``D * max(1, (ahead + 1) / concurrency)`` (0 before any
+        evaluation was measured)."""
+        return self.expected_duration * max(1.0, (max(0, ahead) + 1) / self.concurrency)
+
     def worth_starting(self, remaining: float, idle: bool) -> bool:
-        """Whether a queued evaluation with ``remaining`` seconds to its deadline should start:
-        it can still finish in time, or the scorer is ``idle`` (nothing else runs or waits: the
-        evaluation keeps the measurement going, and a late result goes on the EVALUATOR span)."""
+        """Whether a queued evaluation with ``remaining`` seconds until its result is no longer
+        useful (its ``due``) should start: it can still finish in time, or the scorer is
+        ``idle`` (nothing else runs or waits: the evaluation keeps the measurement going, and a
+        late result goes on the EVALUATOR span)."""
         return idle or remaining >= self.expected_duration

@@ -16,14 +16,21 @@ and sentry-python's transport worker (submit / flush / kill, losses counted by r
 * The dispatcher is a task on a :class:`~relevancy_tracer._background.loop.BackgroundLoop` (the
   process's one background loop; a private one when the queue is used alone). It runs at most
   ``concurrency`` jobs at once. A job's ``deadline`` is when its result is due (``math.inf``:
-  never, as for ``serve``'s accepted spans); a queued job that can no longer finish before it
-  is not started: it ends with status ``capacity``, reason ``deadline``, its error naming the
-  limit (``job.deadline_name``, e.g. ``hold_timeout (60 s)``). A running job gets
-  ``job.timeout`` (``evaluation_timeout``); a job that can be *deferred* (``job.deferrable``:
-  the answer span's hold) is told at its deadline (``job.defer()``) and keeps running, so its
-  result is written elsewhere, never thrown away; otherwise it runs until the earlier of the
-  two limits. A running job past its limit ends with status ``timeout``, its error naming the
-  limit that applied and its value.
+  never, as for ``serve``'s accepted spans). A running job gets ``job.timeout``
+  (``evaluation_timeout``), and a job past its limit ends with status ``timeout``, its error
+  naming the limit that applied and its value.
+* A job that can be *deferred* (``job.deferrable``: the answer span's hold) is told at its
+  ``deadline`` (``job.defer()``), running or still queued, and goes on: its result is written
+  elsewhere, never thrown away. Its result stays useful until ``job.due`` (``evaluation_timeout``
+  after the call), and once started it runs for up to ``job.timeout``. For other jobs ``due``
+  is the ``deadline``, and a running job stops at the earlier of its deadline and its timeout.
+* A queued job that can no longer finish by its ``due`` is not started: it ends with status
+  ``capacity``, reason ``deadline``, its error naming the limit (``job.deadline_name``, e.g.
+  ``hold_timeout (60 s)``). A deferrable job still queued at its deadline is deferred if it is
+  expected to finish by its ``due`` (:meth:`Capacity.expected_finish
+  <relevancy_tracer._background.capacity.Capacity.expected_finish>` for its place in the
+  queue), and otherwise ended there, so its answer span says ``capacity`` at once rather than
+  ``deferred`` now and ``capacity`` later.
 * If the loop's thread cannot be started (a container's process limit), the job is dropped with
   reason ``thread_start_failed`` (its span is ended, the drop counted); the next submit tries
   again.
@@ -69,6 +76,12 @@ class Job(Protocol):
     timeout: float
     #: the job keeps running past ``deadline`` after ``defer()`` (its result goes elsewhere)
     deferrable: bool
+    #: monotonic time after which a queued job is not started (its result no longer useful;
+    #: optional, default ``deadline``; later than ``deadline`` only for a deferrable job), and
+    #: the setting that set it and its value (named in errors; default the deadline's)
+    due: float
+    due_name: str
+    due_limit: float
     #: the call's 128-bit trace id (0: none), for the admission's fair sample
     trace_id: int
 
@@ -81,13 +94,26 @@ class Job(Protocol):
         ...
 
     def defer(self) -> None:
-        """The deadline passed while the job runs (only called when ``deferrable``)."""
+        """The deadline passed while the job runs or waits (only called when ``deferrable``);
+        idempotent."""
         ...
 
 
 def _limit(job: Job) -> tuple[str, float]:
     """(name, seconds) of a job's deadline setting."""
     return getattr(job, "deadline_name", "deadline"), float(getattr(job, "deadline_limit", 0.0))
+
+
+def _due(job: Job) -> float:
+    """Monotonic time after which a queued ``job`` is not started."""
+    return max(job.deadline, getattr(job, "due", job.deadline)) if getattr(job, "deferrable", False) else job.deadline
+
+
+def _due_limit(job: Job) -> tuple[str, float]:
+    """(name, seconds) of the setting that set a job's ``due``."""
+    if getattr(job, "deferrable", False) and hasattr(job, "due_name"):
+        return job.due_name, float(job.due_limit)
+    return _limit(job)
 
 
 class JobQueue:
@@ -123,6 +149,7 @@ class JobQueue:
         self._wake: Optional[asyncio.Event] = None
         self._running: set = set()
         self._dispatcher: Optional[asyncio.Future] = None
+        self._deadlines_seen = -math.inf  # queued jobs with a deadline up to this were handled
         if self._own_loop:
             self._loop.reset_after_fork()
 
@@ -288,21 +315,51 @@ class JobQueue:
             logger.exception("relevancy-tracer: finishing a job failed")
 
     def _expire_due(self) -> Optional[float]:
-        """Finish queued jobs past their deadline (status ``capacity``, reason ``deadline``:
-        they were never started); the next head deadline, if any."""
+        """At each queued job's deadline: defer it (deferrable and expected to finish by its
+        ``due``) or finish it (status ``capacity``, reason ``deadline``: never started); finish
+        deferred ones past their ``due``. Returns the next time something is due, if any.
+
+        Cost: O(jobs past their deadline still queued), under the lock; deadlines are in queue
+        order (one setting per queue), so the scan stops at the first job not yet due."""
         now = time.monotonic()
-        expired = []
+        expired: list = []
+        to_defer: list = []
+        crossed_before = self._deadlines_seen
         with self._lock:
+            self._deadlines_seen = now
+            kept: list = []
+            ahead = len(self._running)
+            capacity = self.capacity
             while self._queue and self._queue[0].deadline <= now:
-                expired.append(self._queue.popleft())
-            head = self._queue[0].deadline if self._queue else None
-        for job in expired:
-            self._not_started(job)
+                job = self._queue.popleft()
+                due = _due(job)
+                if due <= now:
+                    expired.append((job, job.deadline > crossed_before))
+                elif job.deadline > crossed_before:  # its hold ends now
+                    if capacity is not None and now + capacity.expected_finish(ahead) > due:
+                        expired.append((job, True))
+                        continue
+                    to_defer.append(job)
+                    kept.append(job)
+                    ahead += 1
+                else:  # deferred earlier, still useful: waits for a slot
+                    kept.append(job)
+                    ahead += 1
+            self._queue.extendleft(reversed(kept))
+            nexts = [_due(kept[0])] if kept else []
+            rest = self._queue[len(kept)].deadline if len(self._queue) > len(kept) else None
+            if rest is not None:
+                nexts.append(rest)
+        for job in to_defer:
+            self._defer(job)
+        for job, at_deadline in expired:
+            self._not_started(job, at_deadline)
             self._done()
+        head = min(nexts) if nexts else None
         return head if head is not None and head != math.inf else None
 
-    def _not_started(self, job: Job) -> None:
-        name, limit = _limit(job)
+    def _not_started(self, job: Job, at_deadline: bool = True) -> None:
+        name, limit = _limit(job) if at_deadline else _due_limit(job)
         self._safe_finish(job, Status.CAPACITY, f"evaluation not started: it could not finish within {name} ({limit:g} s)", "deadline")
 
     async def _reap(self) -> None:
@@ -359,17 +416,21 @@ class JobQueue:
         ran = False
         limit_name, limit = "evaluation_timeout", float(job.timeout)
         try:
-            remaining = job.deadline - started
+            deferrable = getattr(job, "deferrable", False)
+            remaining = _due(job) - started
             capacity = self.capacity
             # an idle scorer with nothing else queued starts it anyway (it keeps measuring)
             idle = len(self._running) <= 1 and not self._queue
             if remaining <= 0 or (capacity is not None and not capacity.worth_starting(remaining, idle)):
-                self._not_started(job)
+                self._not_started(job, at_deadline=job.deadline > started)
                 return
             budget = float(job.timeout)
-            if getattr(job, "deferrable", False):
-                if remaining != math.inf:
-                    timer = asyncio.get_running_loop().call_later(remaining, self._defer, job)
+            if deferrable:
+                held = job.deadline - started
+                if held <= 0:
+                    self._defer(job)  # its hold ended while it waited (already told: idempotent)
+                elif held != math.inf:
+                    timer = asyncio.get_running_loop().call_later(held, self._defer, job)
             elif remaining < budget:
                 budget = remaining
                 limit_name, limit = _limit(job)

@@ -8,7 +8,8 @@ Where a result goes (setting ``attach``):
   and ends it with that end time (``Span.end(end_time=...)``). Dropped, shed (``capacity``),
   failed, timed out or shut-down evaluations end it with ``relevancy.status`` saying why. The
   span is held for at most ``hold_timeout`` (the job's deadline): an evaluation still running
-  then is *deferred*, not thrown away: the answer span ends with status ``deferred`` (reason
+  or queued then is *deferred*, not thrown away (a queued one when it can still be scored
+  within ``evaluation_timeout`` of the call; otherwise it ends ``capacity`` there): the answer span ends with status ``deferred`` (reason
   ``hold_timeout``, and the ``relevancy.evaluation.id`` of the result to come), and the
   result, when it comes, goes on an EVALUATOR span child of and linked to it, as in
   ``evaluation_span`` mode.
@@ -83,7 +84,7 @@ class EvaluationJob:
     reports ``truncated``): a full queue holds bounded memory.
     """
 
-    __slots__ = ("runtime", "span", "span_name", "overrides", "question", "answer", "contexts", "end_time", "deadline", "deadline_name", "deadline_limit", "timeout", "deferrable", "trace_id", "span_context", "method", "_lock", "_done", "_deferred")
+    __slots__ = ("runtime", "span", "span_name", "overrides", "question", "answer", "contexts", "end_time", "deadline", "deadline_name", "deadline_limit", "due", "due_name", "due_limit", "timeout", "deferrable", "trace_id", "span_context", "method", "_lock", "_done", "_deferred")
 
     def __init__(self, runtime: "Runtime", span: Any, span_name: str, overrides: dict, question: str, answer: str, contexts: Optional[list[str]], end_time: int):
         self.runtime = runtime
@@ -100,7 +101,12 @@ class EvaluationJob:
         self.deferrable = settings.attach == "answer_span"
         self.deadline_name = "hold_timeout" if self.deferrable else "evaluation_timeout"
         self.deadline_limit = settings.hold_timeout if self.deferrable else settings.evaluation_timeout
-        self.deadline = time.monotonic() + self.deadline_limit
+        submitted = time.monotonic()
+        self.deadline = submitted + self.deadline_limit
+        # a deferred result (on the EVALUATOR span) is still useful within evaluation_timeout
+        # of the call: a queued job is started until then
+        self.due_name, self.due_limit = ("evaluation_timeout", settings.evaluation_timeout) if settings.evaluation_timeout >= self.deadline_limit else (self.deadline_name, self.deadline_limit)
+        self.due = submitted + self.due_limit
         self.timeout = settings.evaluation_timeout
         self.span_context = span.get_span_context()
         self.trace_id = self.span_context.trace_id
@@ -122,7 +128,7 @@ class EvaluationJob:
         self._complete(status, error=error, reason=reason, error_type="internal" if status == Status.ERROR else None)
 
     def defer(self) -> None:
-        """The answer span's hold ended while the evaluation runs: end the answer span with
+        """The answer span's hold ended while the evaluation runs or waits: end the answer span with
         status ``deferred`` (reason ``hold_timeout``, and the evaluation id its result will
         carry); the result goes on a linked EVALUATOR span when it comes."""
         with self._lock:
@@ -132,7 +138,7 @@ class EvaluationJob:
         settings = self.runtime.settings
         trace_hex, span_hex = format(self.span_context.trace_id, "032x"), format(self.span_context.span_id, "016x")
         try:
-            attrs = outcome_attributes(Status.DEFERRED, capture_content=settings.capture_content, limit=settings.max_content_chars, evaluation=evaluation_id(trace_hex, span_hex, self.method), error=f"the evaluation outlasted hold_timeout ({settings.hold_timeout:g} s): its result goes on the EVALUATOR span linked to this span", reason="hold_timeout")
+            attrs = outcome_attributes(Status.DEFERRED, capture_content=settings.capture_content, limit=settings.max_content_chars, evaluation=evaluation_id(trace_hex, span_hex, self.method), error=f"no result within hold_timeout ({settings.hold_timeout:g} s): it goes on the EVALUATOR span linked to this span", reason="hold_timeout")
             write_on_span(self.span, attrs, None, timestamp=self.end_time)
         except Exception:
             log_failure("writing a deferral failed", settings.capture_content)
