@@ -3,8 +3,9 @@
 Serves ``examples/web_service.py`` with gunicorn (``--workers`` uvicorn workers, ``--preload``) on
 127.0.0.1, as ``tests/test_deploy.py`` does, with the embedded default (``--models local``) or an
 OpenAI-compatible endpoint (``--models openai``: the repository's FakeOpenAIServer, answering at
-once). Sends ``--requests`` questions two at a time, waits until every answer span is exported
-scored (an in-process OTLP/HTTP receiver), then reads each process's memory with psutil
+once). Sends ``--requests`` questions two at a time, waits until every answer's result is exported
+(an in-process OTLP/HTTP receiver; on the answer span, or past its hold on the linked
+EVALUATOR span), then reads each process's memory with psutil
 (``memory_full_info``: RSS; USS, the private memory the process frees when it exits; PSS, its
 share of the pages it shares, so the PSS of all processes adds up to what they use together):
 gunicorn's master, each worker, and the model host (with the local default it serves both the scorer and the
@@ -39,6 +40,24 @@ def mib(values: dict[str, int]) -> dict[str, float]:
     return {key: round(value / MIB, 1) for key, value in values.items()}
 
 
+def final_outcomes(spans: list[dict], requests: int) -> list[str] | None:
+    """Each answer's final status, sorted: the answer span's, or for one ``deferred`` (its hold
+    ended first) its linked EVALUATOR span's; None until every answer and EVALUATOR span is in."""
+    answers = [s for s in spans if s["name"] == "qa.ask"]
+    evaluations = {s["attributes"].get("relevancy.evaluation.id"): s["attributes"].get("relevancy.status") for s in spans if s["name"] == "answer_relevancy"}
+    if len(answers) < requests:
+        return None
+    outcomes = []
+    for span in answers:
+        status = span["attributes"].get("relevancy.status")
+        if status == "deferred":
+            status = evaluations.get(span["attributes"].get("relevancy.evaluation.id"))
+            if status is None:
+                return None
+        outcomes.append(status)
+    return sorted(outcomes)
+
+
 def run(models: str, workers: int, requests: int, pending: bool, directory: Path, graceful_timeout: float) -> dict[str, Any]:
     """One gunicorn server: its processes' memory after ``requests`` scored answers (unless
     ``pending``), then the seconds from SIGTERM to its exit."""
@@ -67,8 +86,9 @@ def run(models: str, workers: int, requests: int, pending: bool, directory: Path
             list(pool.map(app.ask, batch))
         result: dict[str, Any] = {"requests": requests, "seconds_to_ready": round(ready, 1)}
         if not pending:
-            spans = receiver.wait_for_spans(lambda spans: sum(s["name"] == "qa.ask" for s in spans) >= requests, timeout=1800)
+            spans = receiver.wait_for_spans(lambda spans: final_outcomes(spans, requests) is not None, timeout=1800)
             result["statuses"] = sorted(s["attributes"].get("relevancy.status") for s in spans if s["name"] == "qa.ask")
+            result["outcomes"] = final_outcomes(spans, requests)
             running = app.processes()
             # the model host of the workers' settings (the example's retrieval embedder runs in
             # the same host as the scorer with the local default, in one of its own otherwise)

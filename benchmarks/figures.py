@@ -980,10 +980,17 @@ def _deploy_pending_shutdown(r: Results) -> int:
     return r.get("deploy_local:pending.statuses").count("shutdown")
 
 
-@derived("deploy.local_timeouts")
-def _deploy_timeouts(r: Results) -> int:
-    """The embedded default's answers (asked at once) that ended with status timeout."""
-    return r.get("deploy_local:idle.statuses").count("timeout")
+@derived("deploy.local_scored")
+def _deploy_scored(r: Results) -> int:
+    """The embedded default's answers (asked two at a time) that were scored, on the answer
+    span or past its hold on the linked EVALUATOR span."""
+    return r.get("deploy_local:idle.outcomes").count("scored")
+
+
+@derived("deploy.local_after_hold")
+def _deploy_after_hold(r: Results) -> int:
+    """Of those, the ones scored past the answer span's hold (the answer span says deferred)."""
+    return r.get("deploy_local:idle.statuses").count("deferred")
 
 
 @derived("speed.default_seconds")
