@@ -105,11 +105,20 @@ def iter_rows(rows: Iterable[Any]) -> Iterator[Any]:
 
 @dataclass
 class InputRow:
-    """One input record: its 1-based line (JSONL/CSV data line) and the data or a read error."""
+    """One input record: its 1-based line (JSONL/CSV data line) and the data or a read error;
+    ``size``: the bytes it was read from (JSONL; 0 when not known)."""
 
     line: int
     data: Optional[dict]
     error: Optional[str] = None
+    size: int = 0
+
+
+MAX_LINE_BYTES = 16 << 20
+"""Longest JSONL line read (16 MiB): a longer one becomes an ``invalid_input`` row and is skipped
+without being held in memory (a file with no newline cannot make the reader hold it whole)."""
+
+_SKIP_CHUNK = 1 << 20
 
 
 def _format_of(path: Path, explicit: Optional[str] = None) -> str:
@@ -151,6 +160,23 @@ def _json_problem(value: Any, limit: int) -> Optional[str]:
     return None
 
 
+def _lines(stream: BinaryIO, limit: int) -> Iterator[Optional[bytes]]:
+    """The lines of ``stream`` (with their newline), None in place of a line longer than
+    ``limit`` bytes, whose rest is read and dropped in chunks: memory O(``limit``)."""
+    while True:
+        line = stream.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        while True:  # too long: drop the rest of it
+            rest = stream.readline(_SKIP_CHUNK)
+            if not rest or rest.endswith(b"\n"):
+                break
+        yield None
+
+
 def _jsonl_row(number: int, raw: bytes) -> Optional[InputRow]:
     """One JSONL line as an InputRow (None for a blank line); never raises."""
     try:
@@ -170,7 +196,7 @@ def _jsonl_row(number: int, raw: bytes) -> Optional[InputRow]:
     problem = _json_problem(data, MAX_JSON_DEPTH)
     if problem is not None:
         return InputRow(number, None, f"line {number}: {problem}")
-    return InputRow(number, data)
+    return InputRow(number, data, size=len(raw))
 
 
 def _not_utf8(record: dict) -> Optional[str]:
@@ -260,6 +286,10 @@ def _read_head(handle: BinaryIO, size: int) -> bytes:
     return b"".join(parts)
 
 
+#: Rows of a Parquet file converted to Python at a time (see :func:`read_rows`).
+PARQUET_BATCH_ROWS = 1024
+
+
 def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[InputRow]:
     """Records of a JSONL, CSV or Parquet file, in file order.
 
@@ -275,8 +305,9 @@ def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[Inp
 
     Raises ``OSError`` when the file cannot be opened, ``ValueError`` for an unknown format or a
     JSONL/CSV file that is binary (a NUL byte in its first :data:`SNIFF_BYTES` bytes), and
-    ``ImportError`` for Parquet without pyarrow. Parquet from a stream is read into memory
-    whole (its footer is at the end)."""
+    ``ImportError`` for Parquet without pyarrow. A Parquet file is read
+    :data:`PARQUET_BATCH_ROWS` rows at a time (at most a row group in memory); Parquet from a
+    stream is read into memory whole (its footer is at the end)."""
     stdin = str(path) == STDIN
     path = Path(path)
     kind = _format_of(path, fmt or ("jsonl" if stdin else None))
@@ -291,16 +322,19 @@ def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[Inp
     try:
         if kind == "parquet":
             source = handle if handle.seekable() else pa.BufferReader(handle.read())
-            for number, record in enumerate(pq.read_table(source).to_pylist(), start=1):
-                yield InputRow(number, record)
+            number = 0
+            for batch in pq.ParquetFile(source).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+                for record in batch.to_pylist():
+                    number += 1
+                    yield InputRow(number, record)
             return
         head = _read_head(handle, SNIFF_BYTES)
         if b"\0" in head:  # as git and grep tell binary files: a NUL byte
             raise ValueError(f"{name} is not a text file (it holds NUL bytes), so not {kind.upper()}")
         stream = io.BufferedReader(_Replay(head, handle))
         if kind == "jsonl":
-            for number, raw in enumerate(stream, start=1):
-                row = _jsonl_row(number, raw)
+            for number, raw in enumerate(_lines(stream, MAX_LINE_BYTES), start=1):
+                row = InputRow(number, None, f"line {number}: longer than {MAX_LINE_BYTES >> 20} MiB (skipped)") if raw is None else _jsonl_row(number, raw)
                 if row is not None:
                     yield row
         else:
@@ -477,6 +511,11 @@ class RowWriter:
             raise
         self._size += len(line)
         self.written += 1
+
+    def discard(self) -> None:
+        """Delete what was written: ``path`` is left as it was (nothing to write)."""
+        self._out.discard()
+        self.pending = []
 
     def close(self) -> None:
         if self.kind == "jsonl":

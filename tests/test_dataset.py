@@ -138,3 +138,33 @@ def test_a_utf8_byte_order_mark_is_skipped(tmp_path, kind):
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())  # Excel's "CSV UTF-8" starts so
     rows = list(read_rows(path))
     assert [r.data for r in rows] == [{"question": f"Q{i}?", "answer": f"A{i}."} for i in range(3)]
+
+
+@pytest.mark.parametrize("newline_after", [True, False])
+def test_a_line_longer_than_the_limit_is_an_invalid_row_never_held_whole(tmp_path, newline_after):
+    """A 100 MiB line (a file with no newline at all, or one huge row between two good ones)
+    becomes one ``invalid_input`` row, read in chunks and dropped: the reader's peak
+    allocation stays near the 16 MiB line limit, not the line's size."""
+    import tracemalloc
+
+    from relevancy_tracer.dataset import MAX_LINE_BYTES
+
+    path = tmp_path / "huge.jsonl"
+    with open(path, "wb") as handle:
+        if newline_after:
+            handle.write(b'{"question": "q1", "answer": "a1"}\n')
+        handle.write(b'{"question": "' + b"x" * (100 << 20))
+        if newline_after:
+            handle.write(b'"}\n{"question": "q2", "answer": "a2"}\n')
+    tracemalloc.start()
+    try:
+        rows = list(read_rows(path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.5 * MAX_LINE_BYTES, peak
+    errors = [row for row in rows if row.error]
+    assert len(errors) == 1 and "longer than 16 MiB" in errors[0].error
+    if newline_after:
+        assert [row.data for row in rows if not row.error] == [{"question": "q1", "answer": "a1"}, {"question": "q2", "answer": "a2"}]
+        assert [row.line for row in rows] == [1, 2, 3]

@@ -1,13 +1,19 @@
 """``relevancy-tracer score``: score every row of a file, written in input order.
 
 :func:`score_file` reads JSONL, CSV or Parquet (a file, a FIFO or pipe, or ``-`` for standard
-input; read once), scores every row concurrently, and writes one output row per input row, in
-input order: the input fields plus :data:`OUTPUT_FIELDS`. A progress bar and a summary (count,
-mean, quantiles, label counts, failures by status) go to stderr. Bad rows never stop the run.
-The output goes to a temporary file renamed over the output path at the end; the output may not
-be the input. SIGINT or SIGTERM writes every row finished so far and exits with status 130 or
-143; a write error stops the run, prints the finished rows the output refused on stdout and
-exits with 1.
+input; read once, as it is scored), scores every row concurrently, and writes one output row
+per input row, in input order: the input fields plus :data:`OUTPUT_FIELDS`. A progress bar and
+a summary (count, mean, quantiles, label counts, failures by status) go to stderr. Bad rows
+never stop the run. The output goes to a temporary file renamed over the output path at the
+end; the output may not be the input. SIGINT or SIGTERM writes every row finished so far and
+exits with status 130 or 143; a write error stops the run, prints the finished rows the output
+refused on stdout and exits with 1.
+
+Memory does not grow with the input: rows are read at most :func:`window_for` rows ahead of
+the output (a slow row holds back the reading, not the memory), a JSONL output is written as
+rows finish, and the summary keeps one float per scored row. CSV and Parquet outputs are held
+until the end (their columns are the union over all rows): use JSONL for inputs larger than
+memory.
 """
 
 from __future__ import annotations
@@ -16,17 +22,30 @@ import asyncio
 import json
 import sys
 import threading
+from array import array
 from collections import Counter
-from concurrent.futures import CancelledError
-from typing import Any, Optional, Sequence
+from concurrent.futures import CancelledError, TimeoutError as FutureTimeout
+from typing import Any, Optional
 
 from ..config import Settings
-from ..dataset import ColumnMapping, InputRow, RowWriter
+from ..dataset import STDIN, ColumnMapping, InputRow, RowWriter
 from ..result import RelevancyResult
 from .._background.loop import process_loop
 from .._signals import StopSignals
 from ..scoring.engine import Engine
-from .rows import read_input, refuse_same_file, score_rows
+from .rows import SIGNAL_LATENCY, RowStream, refuse_same_file, score_stream
+
+#: Rows read ahead of the output per evaluation slot, and at least (see :func:`window_for`).
+ROWS_PER_SLOT = 8
+MIN_WINDOW = 64
+
+
+def window_for(concurrency: int) -> int:
+    """Most rows read and not yet written, for ``concurrency`` evaluations at once:
+    ``max(MIN_WINDOW, ROWS_PER_SLOT * concurrency)``. Enough to keep every slot busy while a slow
+    row holds back the in-order output; the rows' memory is bounded by it."""
+    return max(MIN_WINDOW, ROWS_PER_SLOT * max(1, int(concurrency)))
+
 
 #: The result fields of an output row, in order, after the input's own fields.
 OUTPUT_FIELDS = (
@@ -69,23 +88,43 @@ def output_row(data: Optional[dict], result: RelevancyResult, line: int) -> dict
     return row
 
 
-def summarise(results: Sequence[RelevancyResult], unfinished: int = 0) -> dict:
-    """Count, mean, quantiles (p10-p90), label and failure-kind counts of the scored
-    ``results``, and failures by status; ``unfinished`` rows (interrupted) are counted apart."""
-    import numpy as np
+class Summary:
+    """Count, mean, quantiles (p10-p90), label and failure-kind counts of scored results, and
+    failures by status, accumulated one result at a time (one float kept per scored row)."""
 
-    scores = np.asarray([r.score for r in results if r.ok], dtype=float)
-    summary: dict[str, Any] = {"rows": len(results) + unfinished, "scored": int(scores.size)}
-    if scores.size:
-        summary["mean"] = round(float(scores.mean()), 4)
-        for q in (10, 25, 50, 75, 90):
-            summary[f"p{q}"] = round(float(np.percentile(scores, q)), 4)
-    summary["labels"] = dict(Counter(r.label for r in results if r.ok))
-    summary["failure_kinds"] = dict(Counter(r.failure_kind for r in results if r.ok and r.failure_kind))
-    summary["failures"] = dict(Counter(r.status for r in results if not r.ok))
-    if unfinished:
-        summary["not_scored_interrupted"] = unfinished
-    return summary
+    def __init__(self) -> None:
+        self.rows = 0
+        self.scores = array("d")
+        self.labels: Counter = Counter()
+        self.failure_kinds: Counter = Counter()
+        self.failures: Counter = Counter()
+
+    def add(self, result: RelevancyResult) -> None:
+        self.rows += 1
+        if result.ok:
+            self.scores.append(float(result.score))  # type: ignore[arg-type]
+            self.labels[result.label] += 1
+            if result.failure_kind:
+                self.failure_kinds[result.failure_kind] += 1
+        else:
+            self.failures[result.status] += 1
+
+    def as_dict(self, unfinished: int = 0) -> dict:
+        """The summary; ``unfinished`` rows (read, not finished: interrupted) are counted apart."""
+        import numpy as np
+
+        scores = np.frombuffer(self.scores, dtype=float) if len(self.scores) else np.zeros(0)
+        summary: dict[str, Any] = {"rows": self.rows + unfinished, "scored": int(scores.size)}
+        if scores.size:
+            summary["mean"] = round(float(scores.mean()), 4)
+            for q in (10, 25, 50, 75, 90):
+                summary[f"p{q}"] = round(float(np.percentile(scores, q)), 4)
+        summary["labels"] = dict(self.labels)
+        summary["failure_kinds"] = dict(self.failure_kinds)
+        summary["failures"] = dict(self.failures)
+        if unfinished:
+            summary["not_scored_interrupted"] = unfinished
+        return summary
 
 
 def score_file(
@@ -100,111 +139,132 @@ def score_file(
     progress: bool = True,
 ) -> int:
     """Score the rows of ``input_path`` into ``output`` (None: JSONL on stdout); see the module
-    docstring. Returns the exit status: 0, 1 (a write error), or 128 + the signal that stopped
-    it. Raises ValueError when ``output`` is the input, and what
-    :func:`~relevancy_tracer.dataset.read_rows` raises for an unreadable input."""
+    docstring. Returns the exit status: 0, 1 (a write error, or the input failed after some
+    rows were read), or 128 + the signal that stopped it. Raises ValueError when ``output`` is
+    the input, OSError when the output cannot be created, and what
+    :func:`~relevancy_tracer.dataset.read_rows` raises for an input that cannot be opened or
+    read (before any row is scored)."""
     engine = Engine(settings)
     refuse_same_file(input_path, output)
+    writer = RowWriter(output, output_format) if output else None
+    stream = RowStream(input_path, input_format, limit, window_for(engine.settings.concurrency))
     with StopSignals() as signals:
-        rows = read_input(input_path, input_format, limit, signals)
-        if rows is None:  # stopped while reading: nothing scored, nothing written
-            return signals.exit_status
-        return _score_rows_into(engine, mapping, rows, output, output_format, progress, signals)
+        return _score_stream_into(engine, mapping, stream, writer, progress, signals)
 
 
-def _score_rows_into(engine: Engine, mapping: ColumnMapping, rows: list[InputRow], output: Optional[str], output_format: Optional[str], progress: bool, signals: StopSignals) -> int:
-    """Score ``rows`` into ``output`` (or stdout), in input order. A signal or a write error
-    stops scoring; every finished row is still written (rows the output refused go to stdout
-    as JSONL)."""
+def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream, writer: Optional[RowWriter], progress: bool, signals: StopSignals) -> int:
+    """Score the rows of ``stream`` into ``writer`` (None: stdout), in input order. A signal or
+    a write error stops scoring; every finished row is still written (rows the output refused
+    go to stdout as JSONL)."""
+    name = "standard input" if stream.input_path == STDIN else stream.input_path
     if hasattr(sys.stdout, "reconfigure"):  # lone surrogates from the input must not fail a row
         sys.stdout.reconfigure(errors="backslashreplace")
-    writer = RowWriter(output, output_format) if output else None
-    results: dict[int, RelevancyResult] = {}
+    finished: dict[int, tuple[InputRow, RelevancyResult]] = {}  # done, waiting for an earlier row
     next_to_write = 0
-    unwritten: list[dict] = []  # finished rows the output refused
+    unwritten: list[dict] = []  # finished rows the output refused (at most the window)
     write_error: Optional[BaseException] = None
-    running: list[Any] = []  # the scoring future, cancelled by a write error
+    summary = Summary()
+    running: list[Any] = []  # the scoring future, cancelled by a write error or a signal
 
     def print_row(row: dict) -> None:
         sys.stdout.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
         sys.stdout.flush()
 
-    def emit(index: int) -> None:
+    def emit(row: InputRow, result: RelevancyResult) -> None:
         nonlocal write_error
-        row = output_row(rows[index].data, results[index], rows[index].line)
+        out = output_row(row.data, result, row.line)
+        summary.add(result)
+        stream.release(row)
         if writer is None:
-            print_row(row)
+            print_row(out)
         elif write_error is not None:
-            unwritten.append(row)
+            unwritten.append(out)
         else:
             try:
-                writer.write(row)
+                writer.write(out)
             except Exception as exc:  # disk full, file too large: stop scoring, keep the rows
                 write_error = exc
-                unwritten.append(row)
+                unwritten.append(out)
                 if running:
                     running[0].cancel()
 
     from tqdm import tqdm
 
-    bar = tqdm(total=len(rows), unit="row", disable=not progress, file=sys.stderr, dynamic_ncols=True)
-
+    bar = tqdm(total=stream.limit, unit="row", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     lock = threading.Lock()
     closed = False
 
-    def on_done(index: int, result: RelevancyResult) -> None:
+    def on_done(index: int, row: InputRow, result: RelevancyResult) -> None:
         nonlocal next_to_write
         with lock:
             if closed:  # after Ctrl-C the output is final
                 return
-            results[index] = result
+            finished[index] = (row, result)
             bar.update(1)
             if result.ok:
                 bar.set_postfix_str(f"last={result.score:.3f} {result.label}")
-            while next_to_write in results:  # keep input order
-                emit(next_to_write)
+            while next_to_write in finished:  # keep input order
+                emit(*finished.pop(next_to_write))
                 next_to_write += 1
 
-    finished = threading.Event()
+    done = threading.Event()
 
     async def run_all() -> None:
         try:
-            await score_rows(engine, rows, mapping, engine.settings.concurrency, on_done)
+            await score_stream(engine, stream, mapping, engine.settings.concurrency, on_done)
         finally:
-            finished.set()
+            done.set()
 
     future = asyncio.run_coroutine_threadsafe(run_all(), process_loop().loop())
     running.append(future)
-    # cancelling stops every in-flight evaluation; local generation stops within a token
-    signals.on_stop(future.cancel)
-    if write_error is not None:
-        future.cancel()
+
+    def stop() -> None:
+        stream.stop()
+        future.cancel()  # stops every in-flight evaluation; local generation within a token
+
+    signals.on_stop(stop)
     try:
-        future.result()
+        while True:  # in slices, so a signal is handled whichever thread received it
+            try:
+                future.result(SIGNAL_LATENCY)
+                break
+            except FutureTimeout:
+                if signals.signum is not None and not future.cancelled():
+                    stop()
     except CancelledError:
-        finished.wait(30)
+        done.wait(30)
     finally:
         with lock:
             closed = True
             bar.close()
-            for index in sorted(i for i in results if i >= next_to_write):  # finished rows after a gap
-                emit(index)
+            for index in sorted(finished):  # finished rows after a gap
+                emit(*finished.pop(index))
+        unfinished = stream.read - summary.rows
         if writer is not None:
             try:
-                writer.close()
+                if stream.read == 0 and (signals.signum is not None or stream.error is not None):
+                    writer.discard()  # interrupted or failed before a row came: nothing to write
+                else:
+                    writer.close()
             except Exception as exc:
                 write_error = write_error or exc
                 unwritten[:0] = writer.pending
             for row in unwritten:
                 print_row(row)
-    ordered = [results[i] for i in sorted(results)]
-    summary = summarise(ordered, unfinished=len(rows) - len(results))
+    if signals.signum is not None and stream.read == 0:
+        print(f"relevancy-tracer: interrupted while reading {name}: nothing scored, nothing written", file=sys.stderr)
+        return signals.exit_status
+    if stream.error is not None and stream.read == 0 and write_error is None:
+        raise stream.error  # the input could not be opened or read: nothing was scored
     if writer is not None and writer.stringified:
-        print(f"relevancy-tracer: warning: column(s) {', '.join(map(repr, writer.stringified))} mix types; written to {output} as strings", file=sys.stderr)
+        print(f"relevancy-tracer: warning: column(s) {', '.join(map(repr, writer.stringified))} mix types; written to {writer.path} as strings", file=sys.stderr)
     status = "stopped: " if write_error is not None else "interrupted: " if signals.signum is not None else ""
-    print(status + "summary " + json.dumps(summary, ensure_ascii=False), file=sys.stderr)
+    print(status + "summary " + json.dumps(summary.as_dict(unfinished=unfinished), ensure_ascii=False), file=sys.stderr)
     if write_error is not None:
         kept = f"it holds the first {writer.written} row(s)" if writer is not None and writer.written else "it was left as it was"
-        print(f"relevancy-tracer: error: cannot write {output} ({write_error}); {kept}; the other {len(unwritten)} finished row(s) went to stdout as JSONL", file=sys.stderr)
+        print(f"relevancy-tracer: error: cannot write {writer.path if writer else 'stdout'} ({write_error}); {kept}; the other {len(unwritten)} finished row(s) went to stdout as JSONL", file=sys.stderr)
+        return 1
+    if stream.error is not None:
+        print(f"relevancy-tracer: error: reading {name} failed after {stream.read} row(s) ({type(stream.error).__name__}: {stream.error}); the rows before it are scored and written", file=sys.stderr)
         return 1
     return signals.exit_status if signals.signum is not None else 0
