@@ -463,18 +463,29 @@ def arrow_table(rows: list[dict]) -> tuple[Any, list[str]]:
     return pa.Table.from_arrays(columns, names=names), stringified
 
 
+#: Rows of a CSV or Parquet output converted at a time when it is written (see :class:`RowWriter`).
+WRITE_BATCH_ROWS = 1024
+
+
 class RowWriter:
     """Writes output rows to JSONL (streamed, one line written per row), or CSV or Parquet
-    (buffered and written at :meth:`close`, so columns are the union over all rows).
+    (written at :meth:`close`, so columns are the union over all rows: until then the rows
+    wait in an unlinked temporary file beside the output, so memory does not grow with them;
+    the file is read twice at close, :data:`WRITE_BATCH_ROWS` rows at a time).
 
     Everything goes to a temporary file in the output's directory (:class:`AtomicFile`),
     renamed over ``path`` by :meth:`close`: until then ``path`` keeps its old content.
 
+    Parquet columns: a column's type is Arrow's for its values, promoted across batches as
+    ``pyarrow.unify_schemas(promote_options="permissive")`` does (int and float: float); values
+    Arrow cannot type together (ints and strings) make the column strings (lists and dicts as
+    JSON), named in :attr:`stringified`.
+
     Errors: the constructor raises ``OSError`` when the output directory cannot be written.
-    :meth:`write` (JSONL) raises ``OSError`` when the disk refuses a row; the file is cut back
-    to the rows written whole, and :meth:`close` still renames it. :meth:`close` raises when
+    :meth:`write` raises ``OSError`` when the disk refuses a row (JSONL: the file is cut back
+    to the rows written whole, and :meth:`close` still renames it). :meth:`close` raises when
     the CSV/Parquet file cannot be written; ``path`` then keeps its old content and
-    :attr:`pending` holds the rows.
+    :meth:`pending_rows` gives the rows back.
 
     Attributes:
         written: rows in the output file so far (JSONL), or after a successful close.
@@ -485,7 +496,7 @@ class RowWriter:
     def __init__(self, path: Union[str, Path], fmt: Optional[str] = None):
         self.path = Path(path)
         self.kind = _format_of(self.path, fmt)
-        self.pending: list[dict] = []
+        self.pending = 0
         self.written = 0
         self.stringified: list[str] = []
         if self.kind == "parquet":
@@ -495,10 +506,11 @@ class RowWriter:
                 raise ImportError("Parquet needs pyarrow: pip install 'relevancy-tracer[pandas]'") from exc
         self._out = AtomicFile(self.path)
         self._size = 0
+        self._spill: Optional[BinaryIO] = None
 
     def write(self, row: dict) -> None:
         if self.kind != "jsonl":
-            self.pending.append(row)
+            self._hold(row)
             return
         # lone surrogates (read_rows refuses them; a caller's own rows may hold them) are
         # written as the JSON escapes they came from
@@ -512,10 +524,57 @@ class RowWriter:
         self._size += len(line)
         self.written += 1
 
+    def _hold(self, row: dict) -> None:
+        import pickle
+
+        if self._spill is None:
+            folder = None if self._out.direct else self._out.target.parent
+            # unbuffered: a refused write (disk full, file too large) fails here, on this row
+            self._spill = tempfile.TemporaryFile(dir=folder, prefix=".relevancy-rows.", buffering=0)
+        try:
+            data = pickle.dumps(row, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # a value pickle refuses: kept as its JSON text, as JSONL would
+            data = pickle.dumps(json.loads(json.dumps(row, default=str)), protocol=pickle.HIGHEST_PROTOCOL)
+        end = self._spill.seek(0, os.SEEK_END)
+        try:
+            _write_all(self._spill, data)
+        except OSError:
+            os.ftruncate(self._spill.fileno(), end)  # no half row
+            raise
+        self.pending += 1
+
+    def pending_rows(self) -> Iterator[dict]:
+        """The rows accepted and not in the output file, in order (CSV/Parquet), read back one
+        at a time."""
+        import pickle
+
+        if self._spill is None:
+            return
+        with open(os.dup(self._spill.fileno()), "rb") as reader:  # buffered, same file
+            reader.seek(0)
+            for _ in range(self.pending):
+                yield pickle.load(reader)
+
+    def _batches(self, transform: Callable[[dict], dict]) -> Iterator[list[dict]]:
+        batch: list[dict] = []
+        for row in self.pending_rows():
+            batch.append(transform(row))
+            if len(batch) >= WRITE_BATCH_ROWS:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
     def discard(self) -> None:
         """Delete what was written: ``path`` is left as it was (nothing to write)."""
         self._out.discard()
-        self.pending = []
+        self._drop_spill()
+        self.pending = 0
+
+    def _drop_spill(self) -> None:
+        if self._spill is not None:
+            self._spill.close()
+            self._spill = None
 
     def close(self) -> None:
         if self.kind == "jsonl":
@@ -530,23 +589,60 @@ class RowWriter:
             self._out.discard()
             raise
         self._out.commit()
-        self.written, self.pending = len(self.pending), []
+        self.written, self.pending = self.pending, 0
+        self._drop_spill()
 
     def _write_csv(self) -> None:
-        # nested values become JSON text in flat formats
-        rows = [{k: (json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, (dict, list)) else v) for k, v in r.items()} for r in self.pending]
+        def flat(row: dict) -> dict:  # nested values become JSON text in flat formats
+            return {k: (json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, (dict, list)) else v) for k, v in row.items()}
+
         fields: dict[str, None] = {}
-        for row in rows:
-            fields.update(dict.fromkeys(row))
+        for batch in self._batches(flat):
+            for row in batch:
+                fields.update(dict.fromkeys(row))
         with io.TextIOWrapper(io.BufferedWriter(self._out.handle), encoding="utf-8", errors="backslashreplace", newline="") as text:
             writer = csv.DictWriter(text, fieldnames=list(fields))
             writer.writeheader()
-            writer.writerows(rows)
+            for batch in self._batches(flat):
+                writer.writerows(batch)
 
     def _write_parquet(self) -> None:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        rows = [{k: (json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, dict) else v) for k, v in r.items()} for r in self.pending]
-        table, self.stringified = arrow_table(rows)
-        with io.BufferedWriter(self._out.handle) as buffered:
-            pq.write_table(table, buffered)
+        def dicts_as_json(row: dict) -> dict:
+            return {k: (json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, dict) else v) for k, v in row.items()}
+
+        names: dict[str, None] = {}
+        types: dict[str, Any] = {}
+        stringified: dict[str, None] = {}
+        for batch in self._batches(dicts_as_json):  # first pass: the columns and their types
+            table, mixed = arrow_table(batch)
+            names.update(dict.fromkeys(table.column_names))
+            stringified.update(dict.fromkeys(mixed))
+            for field in table.schema:
+                if field.name in stringified:
+                    continue
+                before = types.get(field.name)
+                if before is None or pa.types.is_null(before):
+                    types[field.name] = field.type
+                elif not pa.types.is_null(field.type) and field.type != before:
+                    try:
+                        unified = pa.unify_schemas([pa.schema([pa.field("c", before)]), pa.schema([pa.field("c", field.type)])], promote_options="permissive").field("c").type
+                        if not _parquet_writable(unified):
+                            raise TypeError(f"Parquet cannot store {unified}")
+                        types[field.name] = unified
+                    except Exception:  # ArrowTypeError, ArrowInvalid: not one type
+                        stringified[field.name] = None
+        self.stringified = [name for name in names if name in stringified]
+        schema = pa.schema([pa.field(name, pa.string() if name in stringified else types.get(name, pa.null())) for name in names])
+        with io.BufferedWriter(self._out.handle) as buffered, pq.ParquetWriter(buffered, schema) as writer:
+            for batch in self._batches(dicts_as_json):  # second pass: the rows, typed as decided
+                columns = []
+                for field in schema:
+                    values = [row.get(field.name) for row in batch]
+                    if field.name in stringified:
+                        columns.append(pa.array([_as_text(v) for v in values], type=pa.string()))
+                    else:
+                        columns.append(pa.array(values, type=field.type))
+                writer.write_table(pa.Table.from_arrays(columns, schema=schema))

@@ -168,3 +168,42 @@ def test_a_line_longer_than_the_limit_is_an_invalid_row_never_held_whole(tmp_pat
     if newline_after:
         assert [row.data for row in rows if not row.error] == [{"question": "q1", "answer": "a1"}, {"question": "q2", "answer": "a2"}]
         assert [row.line for row in rows] == [1, 2, 3]
+
+
+def test_parquet_columns_are_typed_across_write_batches(tmp_path):
+    """A CSV/Parquet output is written in batches of WRITE_BATCH_ROWS rows: a column's type is
+    decided over all of them, as for one table of every row (ints then floats: double; ints
+    then strings: strings; a column seen only late: nulls before it)."""
+    import pyarrow.parquet as pq
+
+    from relevancy_tracer.dataset import WRITE_BATCH_ROWS, arrow_table
+
+    half = WRITE_BATCH_ROWS + 300
+    rows = [{"id": i, "n": i, "mixed": i} for i in range(half)] + [{"id": half + i, "n": i + 0.5, "mixed": f"s{i}", "late": [i]} for i in range(half)]
+    path = tmp_path / "out.parquet"
+    writer = RowWriter(path)
+    for row in rows:
+        writer.write(row)
+    assert writer.pending == len(rows) and not path.exists()
+    writer.close()
+    expected, mixed = arrow_table(rows)
+    table = pq.read_table(path)
+    assert writer.written == len(rows) and writer.stringified == mixed == ["mixed"]
+    assert table.schema == expected.schema and table.equals(expected)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.parquet"]  # the held rows' file is gone
+
+
+def test_a_failed_csv_write_gives_every_held_row_back(tmp_path, monkeypatch):
+    path = tmp_path / "out.csv"
+    writer = RowWriter(path)
+    rows = [{"id": i, "text": f"row {i}"} for i in range(2500)]
+    for row in rows:
+        writer.write(row)
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("csv.DictWriter.writerows", refuse)
+    with pytest.raises(OSError):
+        writer.close()
+    assert list(writer.pending_rows()) == rows and not path.exists()

@@ -11,9 +11,9 @@ refused on stdout and exits with 1.
 
 Memory does not grow with the input: rows are read at most :func:`window_for` rows ahead of
 the output (a slow row holds back the reading, not the memory), a JSONL output is written as
-rows finish, and the summary keeps one float per scored row. CSV and Parquet outputs are held
-until the end (their columns are the union over all rows): use JSONL for inputs larger than
-memory.
+rows finish, and the summary keeps one float per scored row. CSV and Parquet outputs (whose
+columns are the union over all rows) are written at the end: until then finished rows wait on
+disk, in an unlinked file beside the output (:class:`~relevancy_tracer.dataset.RowWriter`).
 """
 
 from __future__ import annotations
@@ -240,6 +240,7 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
             for index in sorted(finished):  # finished rows after a gap
                 emit(*finished.pop(index))
         unfinished = stream.read - summary.rows
+        refused = 0  # finished rows printed to stdout instead of the output file
         if writer is not None:
             try:
                 if stream.read == 0 and (signals.signum is not None or stream.error is not None):
@@ -248,9 +249,12 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
                     writer.close()
             except Exception as exc:
                 write_error = write_error or exc
-                unwritten[:0] = writer.pending
+                for row in writer.pending_rows():  # held for a CSV/Parquet output: given back
+                    print_row(row)
+                    refused += 1
             for row in unwritten:
                 print_row(row)
+                refused += 1
     if signals.signum is not None and stream.read == 0:
         print(f"relevancy-tracer: interrupted while reading {name}: nothing scored, nothing written", file=sys.stderr)
         return signals.exit_status
@@ -262,7 +266,7 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
     print(status + "summary " + json.dumps(summary.as_dict(unfinished=unfinished), ensure_ascii=False), file=sys.stderr)
     if write_error is not None:
         kept = f"it holds the first {writer.written} row(s)" if writer is not None and writer.written else "it was left as it was"
-        print(f"relevancy-tracer: error: cannot write {writer.path if writer else 'stdout'} ({write_error}); {kept}; the other {len(unwritten)} finished row(s) went to stdout as JSONL", file=sys.stderr)
+        print(f"relevancy-tracer: error: cannot write {writer.path if writer else 'stdout'} ({write_error}); {kept}; the other {refused} finished row(s) went to stdout as JSONL", file=sys.stderr)
         return 1
     if stream.error is not None:
         print(f"relevancy-tracer: error: reading {name} failed after {stream.read} row(s) ({type(stream.error).__name__}: {stream.error}); the rows before it are scored and written", file=sys.stderr)
