@@ -30,8 +30,6 @@ raw score, score, label, failure kind), which the alert tests draw their metric 
 from __future__ import annotations
 
 import argparse
-import gzip
-import hashlib
 import json
 import sys
 from collections import Counter
@@ -49,6 +47,8 @@ from relevancy_tracer.scoring.calibration import auroc, bootstrap_interval, expe
 from relevancy_tracer.scoring.engine import interpret  # noqa: E402
 from relevancy_tracer.scoring.evaluator import SHIPPED_DIR, load_calibration  # noqa: E402
 
+from benchmarks.refusals import answer_key, refusal_components  # noqa: E402
+
 #: Variant kind in the data -> failure kind.
 KIND_OF = {
     "echo_answer": "echo",
@@ -60,38 +60,6 @@ KIND_OF = {
 }
 #: The fit subsets of the shipped calibration (benchmarks.fit_calibration --fit-rows).
 FIT_ROWS = "pairs_en=30,pairs_zh=20,wikieval=10"
-
-
-def _key(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:20]
-
-
-def refusal_components(texts: list[str], cache_path: Path) -> dict[str, dict[str, float]]:
-    """``{sha1(answer): {"refusal_sources": ..., "refusal_evasion": ...}}`` for ``texts``, from
-    the embedded embedder; cached per example-sentence set."""
-    examples_key = _key(json.dumps([failure.SOURCE_REFUSALS, failure.EVASIONS], ensure_ascii=False))
-    cache: dict[str, Any] = {}
-    if cache_path.exists():
-        cache = json.loads(gzip.decompress(cache_path.read_bytes()))
-    if cache.get("examples") != examples_key:
-        cache = {"examples": examples_key, "values": {}}
-    missing = sorted({t for t in texts if _key(t) not in cache["values"]})
-    if missing:
-        from relevancy_tracer.models.local_embed import USEEmbedder
-
-        embedder = USEEmbedder()
-        examples = embedder.embed_sync(list(failure.SOURCE_REFUSALS) + list(failure.EVASIONS))
-        examples /= np.linalg.norm(examples, axis=1, keepdims=True)
-        k = len(failure.SOURCE_REFUSALS)
-        print(f"embedding {len(missing)} answers for the failure kind's example similarities ...", file=sys.stderr)
-        for start in range(0, len(missing), 32):
-            chunk = missing[start : start + 32]
-            units = embedder.embed_sync(chunk)
-            units /= np.linalg.norm(units, axis=1, keepdims=True)
-            for text, unit in zip(chunk, units):
-                cache["values"][_key(text)] = {"refusal_sources": round(float(np.max(examples[:k] @ unit)), 5), "refusal_evasion": round(float(np.max(examples[k:] @ unit)), 5)}
-        cache_path.write_bytes(gzip.compress(json.dumps(cache, sort_keys=True).encode("utf-8"), mtime=0))
-    return cache["values"]
 
 
 def scored_rows(records_path: Path, calibration_path: Path, prior: Optional[float]) -> list[dict]:
@@ -107,7 +75,7 @@ def scored_rows(records_path: Path, calibration_path: Path, prior: Optional[floa
     rows = []
     for r in records:
         answer = texts[(r["set"], r["id"], r["cand"])]["answer"]
-        components = dict(r["components"], **refusals[_key(answer)])
+        components = dict(r["components"], **refusals[answer_key(answer)])
         score, evidence, used_prior, label, _, kind = interpret(r["raw"], calibration, EVIDENCE_THRESHOLDS, True, prior, components, r.get("similarities") or [], r.get("noncommittal") or [])
         rows.append(
             {

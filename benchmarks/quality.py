@@ -409,12 +409,12 @@ def read_as_the_engine(records: list[dict], items: list[dict], calibration_file:
     (:func:`relevancy_tracer.scoring.engine.interpret`: the calibrated probability at the
     calibration's stated prior, the label from the evidence, and the failure-kind rule that
     labels echo, hedge, evasive and off-topic answers ``does_not_address``), the failure kind's
-    example similarities from ``benchmarks.production_mix``'s cache of them."""
+    example similarities from :mod:`benchmarks.refusals`' cache of them."""
     from relevancy_tracer.config import EVIDENCE_THRESHOLDS
     from relevancy_tracer.scoring.engine import interpret
     from relevancy_tracer.scoring.evaluator import load_calibration
 
-    from .production_mix import _key, refusal_components
+    from .refusals import answer_key, refusal_components
 
     calibration = load_calibration(str(calibration_file))
     answers = {(it["set"], it["id"], it["cand"]): it["answer"] for it in items}
@@ -424,7 +424,7 @@ def read_as_the_engine(records: list[dict], items: list[dict], calibration_file:
         if r.get("raw") is None:
             out.append(dict(r, config=config))
             continue
-        components = dict(r.get("components") or {}, **refusals[_key(answers[(r["set"], r["id"], r["cand"])])])
+        components = dict(r.get("components") or {}, **refusals[answer_key(answers[(r["set"], r["id"], r["cand"])])])
         score, _, _, label, _, kind = interpret(r["raw"], calibration, EVIDENCE_THRESHOLDS, True, None, components, r.get("similarities") or [], r.get("noncommittal") or [])
         out.append(dict(r, config=config, score=score, label_name=label, failure_kind=kind))
     return out
