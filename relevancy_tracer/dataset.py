@@ -344,6 +344,60 @@ def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[Inp
             handle.close()
 
 
+def count_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Optional[int]:
+    """How many rows :func:`read_rows` yields for ``path``, for a progress bar's total; None for
+    standard input or anything but a regular file (a FIFO or pipe is read once, by the scorer).
+
+    Parquet: the footer's row count. JSONL: the lines holding a non-blank byte, counted in
+    chunks of :data:`_SKIP_CHUNK` bytes (an over-long line is one row, as :func:`read_rows`
+    makes it). CSV: the records after the first that are not empty, as ``csv.DictReader``
+    reads them (a quoted field may span lines), a record the csv module refuses counting one.
+    Memory O(one chunk, or one CSV field); time one more read of the file. A line blank only
+    in Unicode whitespace counts here and not in :func:`read_rows`, so the total can exceed the
+    rows by such lines. Never raises: an unreadable file gives None."""
+    if str(path) == STDIN:
+        return None
+    path = Path(path)
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        kind = _format_of(path, fmt)
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        with open(path, "rb") as handle:
+            if kind == "jsonl":
+                count, content = 0, False
+                while True:
+                    chunk = handle.read(_SKIP_CHUNK)
+                    if not chunk:
+                        return count + content
+                    *whole, last = chunk.split(b"\n")
+                    for part in whole:
+                        count += content or bool(part.strip())
+                        content = False
+                    content = content or bool(last.strip())
+            csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+            text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
+            reader = csv.reader(text, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+            count, header = 0, True
+            while True:
+                try:
+                    record = next(reader)
+                except StopIteration:
+                    return count
+                except csv.Error:
+                    count += 1
+                    continue
+                if header:
+                    header = False  # DictReader's field names: the first record, even empty
+                elif record:
+                    count += 1
+    except Exception:  # a progress total is never worth an error
+        return None
+
+
 def same_file(first: Union[str, Path], second: Union[str, Path]) -> bool:
     """Whether two paths name one file: the same path, a symlink to it, or a hard link (same
     device and inode). False when either does not exist."""

@@ -160,3 +160,17 @@ def test_an_input_that_cannot_be_read_is_an_error_before_anything_is_written(ser
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert ("NUL" in proc.stderr) if content else ("No such file" in proc.stderr or "not found" in proc.stderr.lower()), proc.stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == (["in.jsonl"] if content else [])
+
+
+def test_the_progress_bar_has_a_total_for_a_file_and_none_for_a_pipe(server, tmp_path):
+    """A regular file's rows are counted on a thread of their own (the bar's percentage and
+    time left); standard input is read once, by the scorer, so its bar counts rows only."""
+    path = rows_without_an_answer(tmp_path / "in.jsonl", 40, pad=10)
+    command = [sys.executable, "-m", "relevancy_tracer.cli", "score"]
+    from_file = subprocess.run(command + [str(path), "-o", str(tmp_path / "a.jsonl")], env=cli_env(server), capture_output=True, text=True, timeout=120)
+    with open(path, "rb") as handle:
+        from_pipe = subprocess.run(command + ["-", "-o", str(tmp_path / "b.jsonl")], stdin=handle, env=cli_env(server), capture_output=True, text=True, timeout=120)
+    assert from_file.returncode == 0 and from_pipe.returncode == 0, from_file.stderr + from_pipe.stderr
+    assert summary_of(from_file.stderr)["rows"] == summary_of(from_pipe.stderr)["rows"] == 40
+    assert "100%|" in from_file.stderr and "40/40 [" in from_file.stderr, from_file.stderr
+    assert "%|" not in from_pipe.stderr and "40row [" in from_pipe.stderr, from_pipe.stderr

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relevancy_tracer.dataset import RowWriter, read_rows
+from relevancy_tracer.dataset import RowWriter, count_rows, read_rows
 
 LINE_PARTS = st.sampled_from([b"{", b"}", b"[", b"]", b'"q"', b":", b",", b"1", b"\xff", b"\xc3", b"\\ud800", b" ", b"\r", b'"question": "Q?"', b"null"])
 LINES = st.lists(st.one_of(st.binary(max_size=40), st.lists(LINE_PARTS, max_size=30).map(b"".join)), max_size=12)
@@ -55,6 +55,38 @@ def test_read_rows_gives_every_non_blank_jsonl_line_as_data_or_an_error_with_its
         else:
             assert isinstance(row.data, dict)
             json.dumps(row.data).encode("utf-8")  # usable text: no lone surrogate
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=LINES, kind=st.sampled_from(["jsonl", "csv"]), chunk=st.sampled_from([1, 3, 1 << 20]))
+def test_the_progress_total_counts_the_rows_the_reader_gives(lines, kind, chunk):
+    """``count_rows`` (the progress bar's total) equals the rows ``read_rows`` yields, for JSONL
+    and CSV of any bytes (blank lines, bad UTF-8, broken quoting, CR), whatever the chunk
+    boundaries; lines blank only in Unicode whitespace (documented) are left out."""
+    from unittest import mock
+
+    import relevancy_tracer.dataset as dataset
+
+    data = b"\n".join(lines)
+    if b"\0" in data or any(_blank(raw, n) != (not raw.strip()) for n, raw in enumerate(data.split(b"\n"), start=1)):
+        return  # binary (refused), or blank in Unicode whitespace only
+    with tempfile.TemporaryDirectory() as folder, mock.patch.object(dataset, "_SKIP_CHUNK", chunk):
+        path = Path(folder) / f"in.{kind}"
+        path.write_bytes(data)
+        assert count_rows(path) == len(list(read_rows(path)))
+
+
+def test_the_progress_total_of_parquet_limits_and_streams(tmp_path):
+    """Parquet: the footer's count; no total for standard input, a FIFO or a missing file."""
+    import os
+
+    writer = RowWriter(tmp_path / "in.parquet")
+    for i in range(2500):
+        writer.write({"question": f"q{i}", "answer": "a"})
+    writer.close()
+    assert count_rows(tmp_path / "in.parquet") == 2500 == len(list(read_rows(tmp_path / "in.parquet")))
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    assert count_rows(tmp_path / "fifo.jsonl") is None and count_rows("-") is None and count_rows(tmp_path / "missing.jsonl") is None
 
 
 @pytest.mark.parametrize("value", [{}, [{}], {"a": {}}, [[{}]], {"a": [{}]}])

@@ -3,7 +3,9 @@
 :func:`score_file` reads JSONL, CSV or Parquet (a file, a FIFO or pipe, or ``-`` for standard
 input; read once, as it is scored), scores every row concurrently, and writes one output row
 per input row, in input order: the input fields plus :data:`OUTPUT_FIELDS`. A progress bar and
-a summary (count, mean, quantiles, label counts, failures by status) go to stderr. Bad rows
+a summary (count, mean, quantiles, label counts, failures by status) go to stderr; the bar's
+total, for a regular file, comes from a count of its rows on a thread of its own (a stream has
+none: the bar counts rows without a percentage). Bad rows
 never stop the run. The output goes to a temporary file renamed over the output path at the
 end; the output may not be the input. SIGINT or SIGTERM writes every row finished so far and
 exits with status 130 or 143; a write error stops the run, prints the finished rows the output
@@ -28,7 +30,7 @@ from concurrent.futures import CancelledError, TimeoutError as FutureTimeout
 from typing import Any, Optional
 
 from ..config import Settings
-from ..dataset import STDIN, ColumnMapping, InputRow, RowWriter
+from ..dataset import STDIN, ColumnMapping, InputRow, RowWriter, count_rows
 from ..result import RelevancyResult
 from .._background.loop import process_loop
 from .._signals import StopSignals
@@ -152,6 +154,21 @@ def score_file(
         return _score_stream_into(engine, mapping, stream, writer, progress, signals)
 
 
+def _count_in_background(stream: RowStream, counted: list[int]) -> None:
+    """Count the rows of a regular input file on a daemon thread
+    (:func:`~relevancy_tracer.dataset.count_rows`: one more read of the file, none for a stream)
+    and append the count to ``counted``, so the progress bar gets a total and an ETA without
+    the scoring waiting for it."""
+
+    def count() -> None:
+        total = count_rows(stream.input_path, stream.input_format)
+        if total is not None:
+            counted.append(total if stream.limit is None else min(total, stream.limit))
+
+    if stream.limit is None or stream.limit > 0:
+        threading.Thread(target=count, name="relevancy-tracer-count-rows", daemon=True).start()
+
+
 def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream, writer: Optional[RowWriter], progress: bool, signals: StopSignals) -> int:
     """Score the rows of ``stream`` into ``writer`` (None: stdout), in input order. A signal or
     a write error stops scoring; every finished row is still written (rows the output refused
@@ -193,12 +210,21 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
     bar = tqdm(total=stream.limit, unit="row", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     lock = threading.Lock()
     closed = False
+    counted: list[int] = []  # the file's row count, when the counting thread has it
+    if progress:
+        _count_in_background(stream, counted)
+
+    def show_total() -> None:  # under the lock
+        if counted:
+            bar.total = counted.pop()
+            bar.refresh()
 
     def on_done(index: int, row: InputRow, result: RelevancyResult) -> None:
         nonlocal next_to_write
         with lock:
             if closed:  # after Ctrl-C the output is final
                 return
+            show_total()
             finished[index] = (row, result)
             bar.update(1)
             if result.ok:
@@ -236,6 +262,7 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
     finally:
         with lock:
             closed = True
+            show_total()
             bar.close()
             for index in sorted(finished):  # finished rows after a gap
                 emit(*finished.pop(index))
