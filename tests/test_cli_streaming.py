@@ -42,7 +42,7 @@ def rows_without_an_answer(path, count, pad=2000):
 
 def peak_rss_kib(server, path, out):
     proc = subprocess.run(
-        [sys.executable, "-c", PEAK_RSS, "score", str(path), "-o", str(out), "--no-progress"],
+        [sys.executable, "-c", PEAK_RSS, "score", str(path), "-o", str(out)],  # with the progress bar's row count
         env=cli_env(server), capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
