@@ -348,13 +348,16 @@ def count_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Optional[in
     """How many rows :func:`read_rows` yields for ``path``, for a progress bar's total; None for
     standard input or anything but a regular file (a FIFO or pipe is read once, by the scorer).
 
-    Parquet: the footer's row count. JSONL: the lines holding a non-blank byte, counted in
-    chunks of :data:`_SKIP_CHUNK` bytes (an over-long line is one row, as :func:`read_rows`
-    makes it). CSV: the records after the first that are not empty, as ``csv.DictReader``
-    reads them (a quoted field may span lines), a record the csv module refuses counting one.
-    Memory O(one chunk, or one CSV field); time one more read of the file. A line blank only
-    in Unicode whitespace counts here and not in :func:`read_rows`, so the total can exceed the
-    rows by such lines. Never raises: an unreadable file gives None."""
+    Parquet: the footer's row count. JSONL and CSV are read in chunks of :data:`_SKIP_CHUNK`
+    bytes, whatever their lines hold: memory O(one chunk), time one more read of the file.
+    JSONL: the lines holding a non-blank byte (an over-long line is one row, as
+    :func:`read_rows` makes it). CSV: the records after the first that are not empty, a
+    record ending at a newline outside quotes (RFC 4180: quotes pair up within a record).
+
+    Exact for JSONL and for RFC 4180 CSV with ``\\n`` or ``\\r\\n`` line ends; a line blank
+    only in Unicode whitespace, a CSV quote inside an unquoted field or ``\\r``-only line ends
+    make the total differ from the rows (the rows themselves are unaffected). Never raises:
+    an unreadable file gives None."""
     if str(path) == STDIN:
         return None
     path = Path(path)
@@ -366,34 +369,33 @@ def count_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Optional[in
             import pyarrow.parquet as pq
 
             return int(pq.ParquetFile(path).metadata.num_rows)
+        jsonl = kind == "jsonl"
+        count, content, quoted, first = 0, False, 0, True
         with open(path, "rb") as handle:
-            if kind == "jsonl":
-                count, content = 0, False
-                while True:
-                    chunk = handle.read(_SKIP_CHUNK)
-                    if not chunk:
-                        return count + content
-                    *whole, last = chunk.split(b"\n")
-                    for part in whole:
+            while True:
+                chunk = handle.read(_SKIP_CHUNK)
+                if not chunk:
+                    break
+                *whole, last = chunk.split(b"\n")
+                for part in whole:
+                    if jsonl:
                         count += content or bool(part.strip())
                         content = False
+                        continue
+                    quoted ^= part.count(b'"') & 1
+                    content = content or bool(part.rstrip(b"\r"))
+                    if not quoted:  # a record ends here
+                        if first:
+                            first = False  # DictReader's field names: the first record, even empty
+                        else:
+                            count += content
+                        content = False
+                if jsonl:
                     content = content or bool(last.strip())
-            csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-            text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
-            reader = csv.reader(text, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-            count, header = 0, True
-            while True:
-                try:
-                    record = next(reader)
-                except StopIteration:
-                    return count
-                except csv.Error:
-                    count += 1
-                    continue
-                if header:
-                    header = False  # DictReader's field names: the first record, even empty
-                elif record:
-                    count += 1
+                else:
+                    quoted ^= last.count(b'"') & 1
+                    content = content or bool(last.rstrip(b"\r"))
+        return count + (content if jsonl else content and not first)
     except Exception:  # a progress total is never worth an error
         return None
 

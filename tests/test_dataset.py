@@ -57,19 +57,48 @@ def test_read_rows_gives_every_non_blank_jsonl_line_as_data_or_an_error_with_its
             json.dumps(row.data).encode("utf-8")  # usable text: no lone surrogate
 
 
+CSV_CELLS = st.text(alphabet=st.sampled_from(['"', ",", "\n", "\r", " ", "a", "é", "\u2028"]), max_size=6)
+
+
 @settings(max_examples=200, deadline=None)
-@given(lines=LINES, kind=st.sampled_from(["jsonl", "csv"]), chunk=st.sampled_from([1, 3, 1 << 20]))
-def test_the_progress_total_counts_the_rows_the_reader_gives(lines, kind, chunk):
-    """``count_rows`` (the progress bar's total) equals the rows ``read_rows`` yields, for JSONL
-    and CSV of any bytes (blank lines, bad UTF-8, broken quoting, CR), whatever the chunk
-    boundaries; lines blank only in Unicode whitespace (documented) are left out."""
+@given(lines=LINES, chunk=st.sampled_from([1, 3, 1 << 20]))
+def test_the_progress_total_counts_the_rows_the_reader_gives_jsonl(lines, chunk):
+    """``count_rows`` (the progress bar's total) equals the rows ``read_rows`` yields for a
+    JSONL file of any bytes (blank lines, bad UTF-8, CR), whatever the chunk boundaries; lines
+    blank only in Unicode whitespace (documented) are left out."""
+    data = b"\n".join(lines)
+    if b"\0" in data or any(_blank(raw, n) != (not raw.strip()) for n, raw in enumerate(data.split(b"\n"), start=1)):
+        return  # binary (refused), or blank in Unicode whitespace only
+    _same_count(data, "jsonl", chunk)
+
+
+@settings(max_examples=200, deadline=None)
+@given(records=st.lists(st.one_of(st.just(None), st.lists(CSV_CELLS, max_size=4)), max_size=8), crlf=st.booleans(), end=st.booleans(), chunk=st.sampled_from([1, 3, 1 << 20]))
+def test_the_progress_total_counts_the_rows_the_reader_gives_csv(records, crlf, end, chunk):
+    """The same for any RFC 4180 CSV (quotes, commas and newlines inside fields, empty and blank
+    records, CRLF or LF, with or without a final newline), as csv.writer writes it."""
+    import io as _io
+
+    text = _io.StringIO()
+    bare_cr = any("\r" in cell for record in records if record for cell in record)
+    # csv.writer leaves a CR unquoted with an LF terminator: a CR-only line end (documented as inexact)
+    writer = csv.writer(text, lineterminator="\r\n" if crlf else "\n", quoting=csv.QUOTE_ALL if bare_cr else csv.QUOTE_MINIMAL)
+    for record in records:
+        if record is None:
+            text.write("\r\n" if crlf else "\n")  # a blank line: skipped by DictReader
+        else:
+            writer.writerow(record)
+    data = text.getvalue().encode("utf-8")
+    if not end and data.endswith(b"\n"):
+        data = data[: -2 if crlf else -1]
+    _same_count(data, "csv", chunk)
+
+
+def _same_count(data: bytes, kind: str, chunk: int) -> None:
     from unittest import mock
 
     import relevancy_tracer.dataset as dataset
 
-    data = b"\n".join(lines)
-    if b"\0" in data or any(_blank(raw, n) != (not raw.strip()) for n, raw in enumerate(data.split(b"\n"), start=1)):
-        return  # binary (refused), or blank in Unicode whitespace only
     with tempfile.TemporaryDirectory() as folder, mock.patch.object(dataset, "_SKIP_CHUNK", chunk):
         path = Path(folder) / f"in.{kind}"
         path.write_bytes(data)
@@ -239,3 +268,26 @@ def test_a_failed_csv_write_gives_every_held_row_back(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         writer.close()
     assert list(writer.pending_rows()) == rows and not path.exists()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_counting_a_file_of_one_huge_line_holds_one_chunk(tmp_path, kind):
+    """The progress total's count reads 1 MiB at a time whatever the lines hold: a 256 MiB
+    file that is one line (a JSONL line, or a CSV field quoted across it) costs the counting
+    process under 32 MiB more than an empty count."""
+    import subprocess
+    import sys
+
+    path = tmp_path / f"in.{kind}"
+    with open(path, "wb") as handle:
+        handle.write(b"question\n\"" if kind == "csv" else b"")
+        block = b"x" * (1 << 20)
+        for _ in range(256):
+            handle.write(block)
+        handle.write(b"\"\n" if kind == "csv" else b"\n")
+    script = "import resource, sys; from relevancy_tracer.dataset import count_rows; n = count_rows(sys.argv[1]); print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    empty = tmp_path / f"empty.{kind}"
+    empty.write_bytes(b"")
+    runs = [subprocess.run([sys.executable, "-c", script, str(p)], capture_output=True, text=True, timeout=300, check=True).stdout.split() for p in (empty, path)]
+    assert runs[1][0] == "1" and runs[0][0] == "0"
+    assert int(runs[1][1]) - int(runs[0][1]) < 32 * 1024, runs  # KiB
