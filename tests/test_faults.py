@@ -576,7 +576,12 @@ def test_sigterm_stops_the_demo_and_the_phoenix_server_it_started(server, tmp_pa
     psutil = pytest.importorskip("psutil")
     from relevancy_tracer._phoenix_server import free_port
 
-    env = subprocess_env(fake_model_env(server), RELEVANCY_TRACER_METHOD="ragas", PHOENIX_PORT=str(free_port()), PHOENIX_WORKING_DIR=str(tmp_path / "phoenix"))
+    # The example app retrieves with the model host's embedder. A host the demo starts is the
+    # machine's, shared, and outlives it by its idle timeout (here 2 s) once the demo is gone.
+    env = subprocess_env(
+        fake_model_env(server), RELEVANCY_TRACER_METHOD="ragas", PHOENIX_PORT=str(free_port()), PHOENIX_WORKING_DIR=str(tmp_path / "phoenix"),
+        RELEVANCY_TRACER_LOCAL_HOST_IDLE_TIMEOUT="2",
+    )
     proc = subprocess.Popen([sys.executable, "-m", "relevancy_tracer.cli", "demo", "--extractive", "--keep-running"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     lines = []
     try:
