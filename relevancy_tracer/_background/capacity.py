@@ -54,6 +54,8 @@ _TRACE_ID_LIMIT = (1 << 64) - 1
 
 #: Seconds over which the offered rate is smoothed.
 WINDOW = 10.0
+#: Shortest time the first offered-rate estimate is taken over (s): the reaper's period.
+MIN_SPAN = 1.0
 #: Weight of a new duration in the mean (about the last 8 evaluations).
 ALPHA = 0.25
 #: The admitted rate aimed at, as a multiple of the measured capacity: a little more than it
@@ -160,7 +162,9 @@ class Capacity:
         if elapsed <= 0:
             return
         offered = self.offered
-        instant = (offered - self._last_offered) / elapsed
+        # the first estimate spans at least MIN_SPAN: two calls a few milliseconds after the
+        # start are not a rate of hundreds a second (that would shed nearly every call)
+        instant = (offered - self._last_offered) / (elapsed if self.offered_rate is not None else max(elapsed, MIN_SPAN))
         self._last_offered, self._last_update = offered, now
         weight = 1.0 - math.exp(-elapsed / WINDOW)
         self.offered_rate = instant if self.offered_rate is None else self.offered_rate + weight * (instant - self.offered_rate)
