@@ -158,7 +158,12 @@ class RelevancyResult(MethodDetails):
         strictness: N. llm_model / embedding_model: model names used.
         input_tokens, output_tokens: LLM tokens of this evaluation; llm_calls: chat requests.
         latency_ms: wall-clock duration of the evaluation, in milliseconds.
-        truncated: True when the answer (or question) was cut to the configured budget.
+        truncated: True when the answer, question or history was cut to the configured budget.
+        standalone_question: with a conversation, the last turn rewritten as a standalone
+            question, which the answer was judged against; None without one.
+        history_turns: the earlier turns of the conversation read (0 without one).
+        history_status: ``read`` when earlier turns were read, ``invalid`` when a history of no
+            known shape was given (the call was judged as single-turn), None without one.
         question, answer, contexts: the inputs as scored (after truncation); contexts are
             recorded, not used by the score.
     """
@@ -183,6 +188,9 @@ class RelevancyResult(MethodDetails):
     llm_calls: int = 0
     latency_ms: float = 0.0
     truncated: bool = False
+    standalone_question: Optional[str] = None
+    history_turns: int = 0
+    history_status: Optional[str] = None
     question: Optional[str] = None
     answer: Optional[str] = None
     contexts: Optional[list[str]] = None
@@ -215,7 +223,8 @@ class RelevancyResult(MethodDetails):
 
     def without_content(self) -> "RelevancyResult":
         """A copy with every text taken from, or generated about, the user's question and answer
-        removed (inputs, generated questions, sub-questions, intent, error message): what hooks
+        removed (inputs, the standalone question, generated questions, sub-questions, intent,
+        error message): what hooks
         receive when content capture is off."""
         import dataclasses
 
@@ -224,6 +233,7 @@ class RelevancyResult(MethodDetails):
             question=None,
             answer=None,
             contexts=None,
+            standalone_question=None,
             generated_questions=[],
             sub_questions=[],
             intent=None,

@@ -154,6 +154,10 @@ def default_chat_reply(body: dict) -> str:
     # the default's conversation states both tasks in its system message; its user turns name them
     if prompts.JUDGE_TURN in text:
         return json.dumps({"score": 4})
+    if "<conversation>" in text:  # the standalone rewrite: the last turn, then the conversation's first user turn
+        opening = re.search(r"^User: (.*)$", _tagged(text, "conversation"), re.M)
+        topic = opening.group(1).strip() if opening else "the conversation"
+        return json.dumps({"question": f"{_tagged(text, 'question')} (in a conversation about: {topic})"})
     if '"noncommittal": [' in text or prompts.QUESTIONS_TURN in text:
         count = re.search(r"write (?:the )?(\d+) (?:different )?questions", text)
         n = int(count.group(1)) if count else 3

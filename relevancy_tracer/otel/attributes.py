@@ -47,6 +47,11 @@ NONCOMMITTAL = "relevancy.noncommittal"
 SUB_QUESTIONS = "relevancy.sub_questions"
 SUB_QUESTIONS_ADDRESSED = "relevancy.sub_questions_addressed"
 INTENT = "relevancy.intent"
+#: With a conversation: the last turn rewritten as a standalone question (content), the earlier
+#: turns read, and whether a history was read or given in no known shape (``read`` / ``invalid``).
+STANDALONE_QUESTION = "relevancy.question.standalone"
+HISTORY_TURNS = "relevancy.history.turns"
+HISTORY_STATUS = "relevancy.history.status"
 STRICTNESS = "relevancy.strictness"
 #: set when the model wrote fewer questions than ``strictness`` (the score uses those it wrote)
 GENERATED_QUESTIONS_COUNT = "relevancy.generated_questions.count"
@@ -78,6 +83,7 @@ METRIC_DURATION = "relevancy.evaluation.duration"
 METRIC_QUEUE_DEPTH = "relevancy.queue.depth"
 METRIC_SAMPLE_RATIO = "relevancy.admission.ratio"
 METRIC_CAPACITY = "relevancy.admission.capacity"
+METRIC_HISTORY = "relevancy.history"
 ATTR_SPAN_NAME = "span.name"
 ATTR_SERVICE_NAME = "service.name"
 

@@ -11,6 +11,9 @@ Instruments (meter ``relevancy_tracer``):
   ``relevancy.error.type`` for errors. Counted in process memory on the hot path and reported
   by an observable counter, so counting a call costs a dict update, not an SDK aggregation.
 * ``relevancy.evaluation.duration`` (histogram, ``s``): wall-clock time of each evaluation.
+* ``relevancy.history`` (counter, ``{evaluation}``): evaluations that came with a conversation,
+  by ``relevancy.history.status``: ``read``, or ``invalid`` (a history of no known shape: the
+  call was judged as single-turn).
 * ``relevancy.queue.depth`` (observable gauge, ``{evaluation}``): evaluations queued or running.
 * ``relevancy.admission.ratio`` (observable gauge, ``1``): the effective sample ratio of
   admission by capacity, the share of sampled calls admitted (1 while the scorer keeps up;
@@ -70,6 +73,11 @@ class RelevancyMetrics:
             unit="{evaluation}",
             description="Traced calls by relevancy status (scored, not_sampled, dropped, capacity, error, timeout, shutdown, skipped)",
         )
+        self.history = meter.create_counter(
+            A.METRIC_HISTORY,
+            unit="{evaluation}",
+            description="Evaluations that came with a conversation, by relevancy.history.status (read, or invalid: judged as single-turn)",
+        )
         meter.create_observable_gauge(
             A.METRIC_QUEUE_DEPTH,
             callbacks=[self._observe_depth],
@@ -126,6 +134,10 @@ class RelevancyMetrics:
             self.score.record(score, attrs)
         if duration_s is not None:
             self.duration.record(duration_s, attrs)
+
+    def count_history(self, span_name: str, status: str, service_name: Optional[str] = None) -> None:
+        """Count one evaluation that came with a conversation, by its ``history_status``."""
+        self.history.add(1, {A.ATTR_SPAN_NAME: span_name, A.ATTR_SERVICE_NAME: service_name or self.service_name, A.HISTORY_STATUS: status})
 
     def counts(self) -> dict[tuple, int]:
         """A copy of the cumulative counts, keyed (span_name, status, label, reason, error_type,

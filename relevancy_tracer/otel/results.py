@@ -166,5 +166,7 @@ def record_outcome(metrics: Any, span_name: str, attrs: dict[str, Any], result: 
     label = result.label if result is not None and result.ok else None
     kind = result.failure_kind if result is not None and result.ok else None
     metrics.count(span_name, status, label=label, reason=attrs.get(A.STATUS_REASON), error_type=attrs.get(A.ERROR_TYPE), service_name=service_name, failure_kind=kind)
+    if result is not None and result.history_status:
+        metrics.count_history(span_name, result.history_status, service_name=service_name)
     if result is not None:
         metrics.record_result(span_name, result.score if result.ok else None, result.latency_ms / 1000.0, result.method, result.evaluator_version, service_name=service_name)

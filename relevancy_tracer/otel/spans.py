@@ -102,6 +102,9 @@ def result_attributes(result: RelevancyResult, *, capture_content: bool, limit: 
         attrs[A.EMBEDDING_MODEL] = result.embedding_model
     if result.truncated:
         attrs[A.TRUNCATED] = True
+    if result.history_status:
+        attrs[A.HISTORY_STATUS] = result.history_status
+        attrs[A.HISTORY_TURNS] = int(result.history_turns)
     if result.evaluator_version:
         attrs[A.EVALUATOR_VERSION] = result.evaluator_version
     if result.ok:
@@ -134,6 +137,8 @@ def result_attributes(result: RelevancyResult, *, capture_content: bool, limit: 
                 attrs[A.SUB_QUESTIONS] = [clip(q, limit) for q in result.sub_questions]
             if result.intent:
                 attrs[A.INTENT] = clip(result.intent, limit)
+            if result.standalone_question:
+                attrs[A.STANDALONE_QUESTION] = clip(result.standalone_question, limit)
     else:
         attrs[A.ERROR_TYPE] = result.status
         if result.error and capture_content:  # an error message may quote the model's reply

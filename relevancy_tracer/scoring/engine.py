@@ -22,9 +22,10 @@ from .backends import build_models
 from ..models.base import Models
 from ..result import EvaluationError, RelevancyResult, Status, Usage, label_for
 from .calibration import Calibration
-from . import failure
+from . import conversation, failure, prompts
 from .evaluator import evaluator_version, identity_key, labels_on_evidence, raw_fingerprint, resolve_calibration, thresholds_for
 from .methods import METHODS, EvalContext, StepCache, failure_of
+from .parsing import ReplyError, ask_json
 
 logger = logging.getLogger("relevancy_tracer")
 
@@ -111,6 +112,27 @@ def interpret(
         if kind != "other":
             explanation = f"{explanation}: {failure.EXPLANATIONS[kind]}"
     return score, evidence, used_prior, label, explanation, kind
+
+
+def read_history_or_none(history: Any, settings: Settings) -> tuple["conversation.History", Optional[str]]:
+    """(the bounded history, its status): ``read`` with turns, ``invalid`` for a value of no
+    known shape (then an empty history: the call is judged as single-turn), None without one."""
+    try:
+        past = conversation.read_history(history, settings.max_history_turns, settings.max_history_chars)
+    except (conversation.HistoryError, RecursionError):
+        return conversation.History(), conversation.HISTORY_INVALID
+    return past, ("read" if past else None)
+
+
+def conversation_version(version: str, settings: Settings) -> str:
+    """The evaluator version of an evaluation that read a conversation: ``version`` (the
+    single-turn evaluator's) with :func:`~.conversation.fingerprint` folded in, so single-turn
+    scores stay comparable across this change and conversation ones carry their own."""
+    import hashlib
+    import json
+
+    payload = json.dumps({"version": version, "conversation": conversation.fingerprint(settings.max_history_turns, settings.max_history_chars)}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]
 
 
 def _renew_engine_lock(engine: "Engine") -> None:
@@ -201,14 +223,25 @@ class Engine:
         answer: Any,
         contexts: Any = None,
         *,
+        history: Any = None,
         timeout: Optional[float] = None,
         **overrides: Any,
     ) -> RelevancyResult:
         """Score one (question, answer); never raises for bad data or model failures.
 
         Args:
-            question, answer: the user's question and the app's answer (non-empty str).
+            question, answer: the user's question (its last turn in a conversation) and the
+                app's answer (non-empty str).
             contexts: retrieved passages (list[str]); recorded, not used by the score.
+            history: the conversation's earlier turns, oldest first (a list of
+                ``{"role", "content"}`` messages, LangChain or LlamaIndex messages; see
+                :func:`~.conversation.read_history`), or None. With turns, the question is
+                first rewritten as a standalone question from them (one more chat request,
+                cached per conversation and question), the answer is judged against it, and an
+                answer that repeats an earlier assistant turn gets no topical credit. A value
+                of another shape is ignored: the call is judged as single-turn, with
+                ``history_status`` ``invalid``. Bounded by ``max_history_turns`` and
+                ``max_history_chars``.
             timeout: seconds for the whole evaluation (status ``timeout`` when exceeded).
             **overrides: per-call settings (``strictness=5``, ``method="direct"``, ...).
 
@@ -226,17 +259,25 @@ class Engine:
         q = a = None
         ctxs: Optional[list[str]] = None
         truncated = False
+        past, history_status = read_history_or_none(history, settings)
+        standalone: Optional[str] = None
         try:
             q, a, ctxs, truncated = prepare_inputs(question, answer, contexts, settings)
             models = self._models_for(settings)
-            context = EvalContext(question=q, answer=a, settings=settings, models=models, usage=usage, cache=self._cache)
-            method = METHODS[settings.method]
-            if timeout is not None:
-                output = await asyncio.wait_for(method.score(context), timeout)
-            else:
-                output = await method.score(context)
+
+            async def evaluate() -> Any:
+                nonlocal standalone
+                judged = q
+                if past:
+                    judged = standalone = await self._standalone(past, q, settings, models, usage)
+                context = EvalContext(question=judged, answer=a, settings=settings, models=models, usage=usage, cache=self._cache, history=past.turns)
+                return await METHODS[settings.method].score(context)
+
+            output = await (asyncio.wait_for(evaluate(), timeout) if timeout is not None else evaluate())
             raw = float(output.score)
             calibration, thresholds, version = self.identity(settings, models)
+            if past:
+                version = conversation_version(version, settings)
             on_evidence = labels_on_evidence(settings, calibration is not None)
             reported, evidence, prior, label, explanation, kind = interpret(raw, calibration, thresholds, on_evidence, settings.relevancy_prior, output.components, output.similarities, output.noncommittal)
             details = output.details()  # the method's details, carried as they are
@@ -263,7 +304,8 @@ class Engine:
                 log_failure("internal error while scoring", settings.capture_content, exc)
             result = RelevancyResult.failure(status, message, method=settings.method)
             try:
-                result.evaluator_version = self.identity(settings, models)[2]
+                version = self.identity(settings, models)[2]
+                result.evaluator_version = conversation_version(version, settings) if past else version
             except Exception:  # identity of a failed evaluation is best effort
                 logger.debug("relevancy-tracer: no evaluator version for a failed evaluation", exc_info=True)
         result.strictness = settings.strictness
@@ -275,11 +317,45 @@ class Engine:
         result.latency_ms = (time.perf_counter() - started) * 1000.0
         result.truncated = truncated
         result.question, result.answer, result.contexts = q, a, ctxs
+        result.standalone_question = standalone
+        result.history_turns = len(past.turns)
+        result.history_status = history_status
+        result.truncated = result.truncated or past.truncated
         return result
 
-    def score(self, question: Any, answer: Any, contexts: Any = None, **overrides: Any) -> RelevancyResult:
+    async def _standalone(self, past: "conversation.History", question: str, settings: Settings, models: Models, usage: Usage) -> str:
+        """The last turn ``question`` rewritten as a standalone question from ``past``
+        (:func:`~.prompts.standalone_question`): one chat request, cached per (model,
+        conversation, question), so the answers of one turn share it. Raises ModelError /
+        EvaluationError as any model step."""
+        def validate(data: Any) -> str:
+            text = data.get("question") if isinstance(data, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                raise ReplyError('expected {"question": "..."}')
+            return text.strip()[: settings.max_question_chars]
+
+        async def rewrite() -> str:
+            value, _ = await ask_json(
+                models.llm,
+                prompts.standalone_question(past.turns, question),
+                prompts.STANDALONE_SCHEMA,
+                validate,
+                usage=usage,
+                retries=settings.json_retries,
+                max_tokens=96,
+            )
+            return value
+
+        key = ("standalone", models.llm.name, past.key(), question)
+        value = self._cache.get(key)
+        if value is None:
+            value = await asyncio.shield(self._cache.shared(key, rewrite))
+            self._cache.put(key, value)
+        return value
+
+    def score(self, question: Any, answer: Any, contexts: Any = None, *, history: Any = None, **overrides: Any) -> RelevancyResult:
         """Blocking :meth:`ascore` (works inside a running event loop too)."""
-        return run_sync(lambda: self.ascore(question, answer, contexts, **overrides))
+        return run_sync(lambda: self.ascore(question, answer, contexts, history=history, **overrides))
 
     async def aevaluate(
         self,
@@ -292,7 +368,8 @@ class Engine:
     ) -> list[RelevancyResult]:
         """Score many rows concurrently, at most ``concurrency`` at once; results in row order.
 
-        ``rows``: dicts (or a pandas DataFrame) with question/answer/contexts columns, or the
+        ``rows``: dicts (or a pandas DataFrame) with question/answer/contexts columns (and an
+        optional ``history`` column of earlier turns, see :meth:`ascore`), or the
         RAGAS names user_input/response/retrieved_contexts; ``mapping`` (a
         :class:`~relevancy_tracer.dataset.ColumnMapping`) picks other columns or dotted paths.
         A row that cannot be read gets status ``invalid_input``. ``on_result(index, result)`` is
@@ -309,10 +386,11 @@ class Engine:
             async with limit:
                 try:
                     question, answer, contexts = mapping.extract(row)
+                    history = mapping.extract_history(row)
                 except Exception as exc:
                     result = RelevancyResult.failure(Status.INVALID_INPUT, f"row {index}: {exc}", method=settings.method)
                 else:
-                    result = await self.ascore(question, answer, contexts, **overrides)
+                    result = await self.ascore(question, answer, contexts, history=history, **overrides)
             if on_result is not None:
                 on_result(index, result)
             return result

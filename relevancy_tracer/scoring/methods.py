@@ -54,7 +54,7 @@ from .._background import fork as _fork
 from ..config import Settings
 from ..models.base import ModelError, Models
 from ..result import EvaluationError, MethodDetails, Status, Usage
-from . import failure, prompts, restatement
+from . import conversation, failure, prompts, restatement
 from .parsing import CutJSON, ReplyError, ask_json, judged_score, read_flag, read_number
 
 QUESTION_TOKENS = 48  # max output tokens budgeted per generated question (plus JSON overhead)
@@ -130,6 +130,9 @@ class EvalContext:
     models: Models
     usage: Usage
     cache: StepCache
+    #: the conversation's earlier turns (:class:`~.conversation.Turn`), when the call came with
+    #: them; ``question`` is then the last turn rewritten as a standalone question
+    history: tuple = ()
     _memo: dict = field(default_factory=dict)
 
     def once(self, key: str, factory: Callable[[], Awaitable[Any]]) -> "asyncio.Future[Any]":
@@ -627,6 +630,10 @@ async def ragas_judge_intent(ctx: EvalContext) -> MethodOutput:
     refusals = await refusal_similarities(ctx, units[-1])
     ragas_score = apply_noncommittal(question_sims, flags, ctx.settings.noncommittal)
     new = restatement.novelty(ctx.question, ctx.answer)
+    repeated: dict[str, float] = {}
+    if ctx.history:  # an answer repeating an earlier answer adds nothing to the conversation
+        repeated["repeat"] = conversation.repeat(ctx.answer, ctx.history)
+        new = min(new, 1.0 - repeated["repeat"])
     judges: dict[str, float] = {}
     failed: dict[str, str] = {}
     for name, outcome in (("judge", judged), ("intent", fulfilled)):
@@ -648,6 +655,7 @@ async def ragas_judge_intent(ctx: EvalContext) -> MethodOutput:
             "answer_similarity": answer_sim,
             "novelty": new,
             **refusals,
+            **repeated,
         },
         failed_components=failed,
         intent=None if isinstance(fulfilled, BaseException) else fulfilled.intent,
