@@ -36,11 +36,17 @@ from .scoring.engine import Engine
 from ._version import __version__
 
 
-def score(question: Any, answer: Any, contexts: Any = None, **overrides: Any) -> RelevancyResult:
+def score(question: Any, answer: Any, contexts: Any = None, *, history: Any = None, **overrides: Any) -> RelevancyResult:
     """Score the relevancy of ``answer`` to ``question`` with the configured engine (blocking).
 
     Args:
-        question, answer: non-empty str. contexts: list[str], recorded only.
+        question, answer: non-empty str (the question: the user's last turn). contexts:
+            list[str], recorded only.
+        history: the conversation's earlier turns, oldest first, as a list of
+            ``{"role": "user" | "assistant", "content": str}`` messages (LangChain and
+            LlamaIndex messages too), or None. The last turn is then judged in its
+            conversation (see :meth:`Engine.ascore`); ``result.standalone_question`` is what
+            the answer was judged against.
         **overrides: per-call settings, e.g. ``strictness=5``, ``method="direct"``,
             ``noncommittal="any"`` (see docs/configuration.md).
 
@@ -51,12 +57,12 @@ def score(question: Any, answer: Any, contexts: Any = None, **overrides: Any) ->
     Raises:
         TypeError, ValueError: an unknown override or an out-of-range override value.
     """
-    return lifecycle.get_engine().score(question, answer, contexts, **overrides)
+    return lifecycle.get_engine().score(question, answer, contexts, history=history, **overrides)
 
 
-async def ascore(question: Any, answer: Any, contexts: Any = None, **overrides: Any) -> RelevancyResult:
+async def ascore(question: Any, answer: Any, contexts: Any = None, *, history: Any = None, **overrides: Any) -> RelevancyResult:
     """Async :func:`score`."""
-    return await lifecycle.get_engine().ascore(question, answer, contexts, **overrides)
+    return await lifecycle.get_engine().ascore(question, answer, contexts, history=history, **overrides)
 
 
 def evaluate(
@@ -70,7 +76,9 @@ def evaluate(
     """Score many rows concurrently (at most ``concurrency`` at once, default the setting).
 
     ``rows``: dicts or a pandas DataFrame with question/answer/contexts (or
-    user_input/response/retrieved_contexts) columns; ``mapping`` selects others.
+    user_input/response/retrieved_contexts) columns and an optional ``history`` column (the
+    earlier turns: a list of ``{"role", "content"}`` messages, or its JSON text); ``mapping``
+    selects others.
     Returns ``list[RelevancyResult]`` in row order, or a pandas DataFrame with
     ``as_dataframe=True``. Never raises for bad rows: they get status ``invalid_input``.
     """

@@ -25,6 +25,7 @@ Column = Union[str, Callable[[Any], Any], None]
 DEFAULT_QUESTION_COLUMNS = ("question", "user_input", "query")
 DEFAULT_ANSWER_COLUMNS = ("answer", "response")
 DEFAULT_CONTEXTS_COLUMNS = ("contexts", "retrieved_contexts")
+DEFAULT_HISTORY_COLUMNS = ("history", "chat_history")
 
 _MISSING = object()
 
@@ -55,16 +56,17 @@ def resolve_path(obj: Any, path: str) -> Any:
 
 @dataclass(frozen=True)
 class ColumnMapping:
-    """Where question, answer and contexts live in a row.
+    """Where question, answer, contexts and the conversation's earlier turns live in a row.
 
     Each field is a column name or dotted path, a callable ``fn(row)``, or None for the
-    defaults (see module doc). ``extract`` raises ``KeyError`` when question or answer is
-    missing; missing contexts are None.
+    defaults (see module doc; history: ``history`` or ``chat_history``). ``extract`` raises
+    ``KeyError`` when question or answer is missing; missing contexts and history are None.
     """
 
     question: Column = None
     answer: Column = None
     contexts: Column = None
+    history: Column = None
 
     @staticmethod
     def _get(row: Any, column: Column, defaults: tuple[str, ...], required: bool) -> Any:
@@ -92,6 +94,27 @@ class ColumnMapping:
             except ValueError:
                 pass
         return question, answer, contexts
+
+    def extract_history(self, row: Any) -> Any:
+        """The earlier turns of ``row`` as found (None when there is no such column): a list of
+        ``{"role", "content"}`` messages, parsed from JSON text when the cell holds text (CSV),
+        and a list when the cell holds an array (Parquet through pandas). Not validated here:
+        :func:`~relevancy_tracer.scoring.conversation.read_history` does that."""
+        value = self._get(row, self.history, DEFAULT_HISTORY_COLUMNS, False)
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value  # read_history refuses it: the row is judged as single-turn
+        tolist = getattr(value, "tolist", None)
+        if callable(tolist) and not isinstance(value, (list, tuple, dict)):
+            try:
+                value = tolist()
+            except Exception:
+                return value
+        return value
 
 
 def iter_rows(rows: Iterable[Any]) -> Iterator[Any]:

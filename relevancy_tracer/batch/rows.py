@@ -186,6 +186,7 @@ async def _score_row(engine: Engine, mapping: ColumnMapping, row: InputRow) -> R
         return RelevancyResult.failure(Status.INVALID_INPUT, row.error, method=engine.settings.method)
     try:
         question, answer, contexts = mapping.extract(row.data)
+        history = mapping.extract_history(row.data)
     except Exception as exc:
         return RelevancyResult.failure(Status.INVALID_INPUT, f"line {row.line}: missing column {exc}", method=engine.settings.method)
-    return await engine.ascore(question, answer, contexts)
+    return await engine.ascore(question, answer, contexts, history=history)

@@ -118,7 +118,7 @@ class Backfill:
                     if candidate.span.span_id in done:
                         report.already_annotated += 1
                     else:
-                        requests.append(ScoreRequest.from_candidate(candidate, settings.method, settings.max_question_chars, settings.max_answer_chars))
+                        requests.append(ScoreRequest.from_candidate(candidate, settings.method, settings.max_question_chars, settings.max_answer_chars, settings.max_history_turns, settings.max_history_chars))
                 self._task = loop.create_task(_score_all(engine, requests, settings.concurrency))
                 if self._stopped:  # stopped before the task existed
                     self._task.cancel()
@@ -161,7 +161,7 @@ async def _score_all(engine: Engine, requests: list[ScoreRequest], concurrency: 
 
     async def one(index: int, request: ScoreRequest) -> None:
         async with limit:
-            results[index] = await engine.ascore(request.question, request.answer, request.contexts)
+            results[index] = await engine.ascore(request.question, request.answer, request.contexts, history=request.history)
 
     try:
         await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))

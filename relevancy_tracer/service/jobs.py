@@ -9,6 +9,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from ..otel.results import evaluation_id
+from ..scoring import conversation
 from ..scoring.methods import METHODS
 from .selection import Candidate
 
@@ -30,6 +31,9 @@ class ScoreRequest:
         contexts_id: on a Redis Stream, the id of the contexts stored once for the jobs of a
             trace that share them (``contexts`` is then None until the worker reads them back,
             see ``queue.py``); None otherwise.
+        history: the conversation's earlier turns, ``[{"role": "user" | "assistant",
+            "content"}]`` oldest first, as read from the span's messages and bounded by
+            ``max_history_turns`` / ``max_history_chars``; None for a single turn.
     """
 
     evaluation_id: str
@@ -44,10 +48,15 @@ class ScoreRequest:
     project: Optional[str] = None
     received_ns: int = field(default_factory=time.time_ns)
     contexts_id: Optional[str] = None
+    history: Optional[list[dict]] = None
 
     @classmethod
-    def from_candidate(cls, candidate: Candidate, method: str, max_question_chars: int, max_answer_chars: int) -> "ScoreRequest":
+    def from_candidate(cls, candidate: Candidate, method: str, max_question_chars: int, max_answer_chars: int, max_history_turns: int = 8, max_history_chars: int = 6000) -> "ScoreRequest":
         span = candidate.span
+        try:
+            past = conversation.read_history(getattr(candidate, "history", None) or None, max_history_turns, max_history_chars)
+        except conversation.HistoryError:
+            past = conversation.History()
         return cls(
             evaluation_id=evaluation_id(span.trace_id, span.span_id, method),
             trace_id=span.trace_id,
@@ -59,6 +68,7 @@ class ScoreRequest:
             method=method,
             contexts=candidate.contexts,
             project=span.project,
+            history=past.as_messages() or None,
         )
 
     def to_json(self) -> str:
@@ -104,6 +114,12 @@ class ScoreRequest:
         contexts_id = data.get("contexts_id")
         if contexts_id is not None and (not isinstance(contexts_id, str) or not _CONTEXTS_ID.fullmatch(contexts_id)):
             raise ValueError("contexts_id must be 32 and 16 hex digits joined by '-', or null")
+        history = data.get("history")
+        if history is not None and (
+            not isinstance(history, list)
+            or not all(isinstance(t, dict) and set(t) == {"role", "content"} and t["role"] in ("user", "assistant") and isinstance(t["content"], str) for t in history)
+        ):
+            raise ValueError('history must be a list of {"role": "user" | "assistant", "content": str} or null')
         received = data.get("received_ns", 0)
         if isinstance(received, bool) or not isinstance(received, int):
             raise ValueError("received_ns must be an integer")

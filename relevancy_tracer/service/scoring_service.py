@@ -320,7 +320,7 @@ class ScoringService:
     def _offer(self, candidates: list[Candidate]) -> bool:
         """Queue one job per candidate, all or none."""
         s = self.settings
-        requests = [ScoreRequest.from_candidate(c, s.method, s.max_question_chars, s.max_answer_chars) for c in candidates]
+        requests = [ScoreRequest.from_candidate(c, s.method, s.max_question_chars, s.max_answer_chars, s.max_history_turns, s.max_history_chars) for c in candidates]
         if self.queue is not None:
             try:
                 ok = self.queue.offer(requests)

@@ -63,7 +63,7 @@ class Scorer:
     async def score(self, request: ScoreRequest) -> RelevancyResult:
         """Score one request (never raises for model failures: the result says what failed)."""
         with suppressed_instrumentation():
-            return await self.engine.ascore(request.question, request.answer, request.contexts, method=request.method, timeout=self.settings.evaluation_timeout)
+            return await self.engine.ascore(request.question, request.answer, request.contexts, history=request.history, method=request.method, timeout=self.settings.evaluation_timeout)
 
     def write(self, request: ScoreRequest, result: Optional[RelevancyResult], status: Optional[str] = None, error: Optional[str] = None, reason: Optional[str] = None) -> None:
         """Write one outcome: spans, log record, metrics, annotation (the rules of

@@ -203,14 +203,16 @@ class CallState:
                 attrs = {A.EXTRACTION_ERROR: str(exc)} if settings.capture_content else {}
                 self._end_now(Status.ERROR, str(exc), end_time=end_time, error_type="extraction", attributes=attrs)
                 return
+            past = options.extractor.history(call, question, settings.max_history_turns, settings.max_history_chars) if isinstance(question, str) else None
             try:
                 question, answer, contexts = runtime.redact(question, answer, contexts)
+                past = runtime.redact_history(past)
             except Exception as exc:  # never record or send unredacted text; the message may quote it
                 self._end_now(Status.ERROR, f"redaction hook raised {type(exc).__name__}", end_time=end_time, error_type="redaction")
                 return
             if settings.capture_content and recording:
                 span.set_attributes(content_attributes(question, answer, contexts, settings.max_content_chars))
-            job = EvaluationJob(runtime, span, options.name, options.overrides, question, answer, contexts, end_time)
+            job = EvaluationJob(runtime, span, options.name, options.overrides, question, answer, contexts, end_time, history=past)
             if settings.attach == "answer_span":
                 self._ended = True  # the job owns the span from here: it ends it exactly once
                 try:

@@ -292,7 +292,7 @@ def kind_of(target: Any) -> str:
     return "sync"
 
 
-def _decorate(fn: Any, question: Spec, answer: Spec, contexts: Spec, name: Optional[str], stream: bool, evaluation: dict) -> Any:
+def _decorate(fn: Any, question: Spec, answer: Spec, contexts: Spec, name: Optional[str], stream: bool, evaluation: dict, history: Spec = None) -> Any:
     unknown = set(evaluation) - set(EVALUATION_OVERRIDES)
     if unknown:
         raise TypeError(f"unknown trace option(s): {', '.join(sorted(unknown))}; evaluation settings allowed: {', '.join(EVALUATION_OVERRIDES)}")
@@ -302,7 +302,7 @@ def _decorate(fn: Any, question: Spec, answer: Spec, contexts: Spec, name: Optio
     if not callable(target):
         raise TypeError(f"@trace needs a callable, got {type(fn).__name__}")
     span_name = name or getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
-    options = TraceOptions(span_name, Extractor(target, question, answer, contexts), dict(evaluation), bound=inspect.ismethod(fn), stream=stream)
+    options = TraceOptions(span_name, Extractor(target, question, answer, contexts, history), dict(evaluation), bound=inspect.ismethod(fn), stream=stream)
     return wrapt.FunctionWrapper(fn, _make_wrapper(kind_of(target), options))
 
 
@@ -312,6 +312,7 @@ def trace(
     question: Spec = None,
     answer: Spec = None,
     contexts: Spec = None,
+    history: Spec = None,
     name: Optional[str] = None,
     stream: bool = False,
     **evaluation: Any,
@@ -325,6 +326,10 @@ def trace(
         question, answer, contexts: where to find them: a parameter name, a dotted path
             (``"request.query"``, ``"return.answer"``), or ``fn(call: CallInfo) -> value``.
             Defaults: see :mod:`relevancy_tracer.tracing.extraction`.
+        history: where the conversation's earlier turns are (a list of chat messages), the same
+            way; default: a ``history`` / ``chat_history`` parameter, or the messages before the
+            last user message of a ``messages`` parameter. With turns, the answer is judged
+            against the last turn in its conversation (see :meth:`Engine.ascore`).
         name: span name (default: the function's qualified name).
         stream: also wrap (async) generators *returned* by a plain function and score the joined
             chunks (default False: a returned iterator is passed back untouched, not scored).
@@ -340,8 +345,8 @@ def trace(
         TypeError, ValueError: at decoration time, for unknown options or bad values.
     """
     if fn is None:
-        return lambda f: _decorate(f, question, answer, contexts, name, stream, evaluation)
-    return _decorate(fn, question, answer, contexts, name, stream, evaluation)
+        return lambda f: _decorate(f, question, answer, contexts, name, stream, evaluation, history)
+    return _decorate(fn, question, answer, contexts, name, stream, evaluation, history)
 
 
 def instrument(fn: F, **options: Any) -> F:

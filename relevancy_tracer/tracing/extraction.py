@@ -8,9 +8,13 @@ Each of ``question``, ``answer``, ``contexts`` may be given as:
 * a callable ``fn(call: CallInfo) -> value``.
 
 Defaults: question = the parameter named question | query | user_input | prompt, else the first
-``str`` argument; answer = a ``str`` return value, else the return value's
+``str`` argument, else the last user message of a ``messages`` parameter (an OpenAI-style chat
+list, LangChain or LlamaIndex messages); answer = a ``str`` return value, else the return value's
 answer | response | output | result key or attribute; contexts = a parameter or return field
-named contexts | documents | retrieved_contexts | docs.
+named contexts | documents | retrieved_contexts | docs; history (the conversation's earlier
+turns) = a parameter named history | chat_history | messages holding a list of chat messages
+(with ``messages``, the turns before its last user message), without the question itself when
+the list ends with it.
 
 Extraction never changes what the app sees:
 
@@ -37,12 +41,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 from ..dataset import resolve_path
+from ..scoring import conversation
 
 Spec = Union[str, Callable[["CallInfo"], Any], None]
 
 QUESTION_NAMES = ("question", "query", "user_input", "prompt")
 ANSWER_KEYS = ("answer", "response", "output", "result")
 CONTEXT_NAMES = ("contexts", "documents", "retrieved_contexts", "docs")
+HISTORY_NAMES = ("history", "chat_history")
+MESSAGES_NAME = "messages"
 DOCUMENT_TEXT_KEYS = ("page_content", "content", "text")
 CHUNK_TEXT_KEYS = ("answer", "content", "delta", "text", "response", "output")
 
@@ -72,8 +79,8 @@ class CallInfo:
 class Extractor:
     """Extraction rules of one decorated callable (built once per decoration)."""
 
-    def __init__(self, fn: Callable, question: Spec = None, answer: Spec = None, contexts: Spec = None):
-        self.question_spec, self.answer_spec, self.contexts_spec = question, answer, contexts
+    def __init__(self, fn: Callable, question: Spec = None, answer: Spec = None, contexts: Spec = None, history: Spec = None):
+        self.question_spec, self.answer_spec, self.contexts_spec, self.history_spec = question, answer, contexts, history
         target = getattr(fn, "__func__", fn)
         try:
             params = list(inspect.signature(target).parameters.values())
@@ -82,7 +89,7 @@ class Extractor:
         self._positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         self._defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
         self._first_is_self = bool(self._positional) and self._positional[0] in ("self", "cls")
-        for spec in (question, answer, contexts):
+        for spec in (question, answer, contexts, history):
             if spec is not None and not (callable(spec) or (isinstance(spec, str) and spec)):
                 raise TypeError(f"an extraction spec must be a non-empty str or a callable, got {spec!r}")
 
@@ -107,8 +114,40 @@ class Extractor:
             for value in list(call.args) + list(call.kwargs.values()):
                 if isinstance(value, str):
                     return value
-            raise ExtractionError("question: no parameter named question/query/user_input/prompt and no str argument")
+            last = self._from_messages(call)
+            if last is not None:
+                return last[0]
+            raise ExtractionError("question: no parameter named question/query/user_input/prompt, no str argument and no messages list with a user message")
         return _text(self._resolve(spec, call, "question"), "question")
+
+    def _from_messages(self, call: CallInfo, max_turns: int = 8, max_chars: int = 6000) -> Optional[tuple[str, "conversation.History"]]:
+        messages = call.arguments.get(MESSAGES_NAME)
+        if messages is None:
+            return None
+        return conversation.split_last_question(messages, max_turns, max_chars)
+
+    def history(self, call: CallInfo, question: str, max_turns: int, max_chars: int) -> "conversation.History":
+        """The conversation's earlier turns of the call (empty without any; ``invalid`` set
+        for a history of no known shape, which is judged as single-turn). Bounded by
+        ``max_turns`` and ``max_chars`` (:func:`~relevancy_tracer.scoring.conversation.read_history`:
+        only the last few dozen items of a list are looked at); never raises."""
+        spec = self.history_spec
+        try:
+            if spec is None:
+                for name in HISTORY_NAMES:
+                    if name in call.arguments and call.arguments[name] is not None:
+                        past = conversation.read_history(call.arguments[name], max_turns, max_chars)
+                        break
+                else:
+                    last = self._from_messages(call, max_turns, max_chars)
+                    if last is None:
+                        return conversation.History()
+                    past = last[1]
+            else:
+                past = conversation.read_history(self._resolve(spec, call, "history"), max_turns, max_chars)
+        except (conversation.HistoryError, ExtractionError, RecursionError):
+            return conversation.History(invalid=True)
+        return conversation.without_question(past, question)
 
     def answer(self, call: CallInfo) -> str:
         spec = self.answer_spec

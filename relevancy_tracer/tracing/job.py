@@ -84,9 +84,9 @@ class EvaluationJob:
     reports ``truncated``): a full queue holds bounded memory.
     """
 
-    __slots__ = ("runtime", "span", "span_name", "overrides", "question", "answer", "contexts", "end_time", "deadline", "deadline_name", "deadline_limit", "due", "due_name", "due_limit", "timeout", "deferrable", "trace_id", "span_context", "method", "_lock", "_done", "_deferred")
+    __slots__ = ("runtime", "span", "span_name", "overrides", "question", "answer", "contexts", "history", "end_time", "deadline", "deadline_name", "deadline_limit", "due", "due_name", "due_limit", "timeout", "deferrable", "trace_id", "span_context", "method", "_lock", "_done", "_deferred")
 
-    def __init__(self, runtime: "Runtime", span: Any, span_name: str, overrides: dict, question: str, answer: str, contexts: Optional[list[str]], end_time: int):
+    def __init__(self, runtime: "Runtime", span: Any, span_name: str, overrides: dict, question: str, answer: str, contexts: Optional[list[str]], end_time: int, history: Any = None):
         self.runtime = runtime
         self.span = span
         self.span_name = span_name
@@ -95,6 +95,7 @@ class EvaluationJob:
         self.question = question[: settings.max_question_chars + 1] if isinstance(question, str) else question
         self.answer = answer[: settings.max_answer_chars + 1] if isinstance(answer, str) else answer
         self.contexts = contexts
+        self.history = history  # a bounded conversation.History (or None): the earlier turns
         self.end_time = end_time
         # the result is due by the end of the answer span's hold, or, on an evaluation span,
         # within evaluation_timeout of the call
@@ -117,7 +118,7 @@ class EvaluationJob:
 
     async def run(self) -> None:
         with suppressed_instrumentation():
-            result = await self.runtime.engine.ascore(self.question, self.answer, self.contexts, **self.overrides)
+            result = await self.runtime.engine.ascore(self.question, self.answer, self.contexts, history=self.history, **self.overrides)
         if result.ok:
             self._complete(Status.SCORED, result=result)
         else:

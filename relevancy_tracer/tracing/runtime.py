@@ -109,6 +109,18 @@ class Runtime:
             [redact(c, "context") for c in contexts] if contexts is not None else None,
         )
 
+    def redact_history(self, past: Any) -> Any:
+        """A :class:`~relevancy_tracer.scoring.conversation.History` with each turn's text
+        through the ``redact`` hook (field ``history``); raises what the hook raises."""
+        redact = self.settings.redact
+        if redact is None or not past:
+            return past
+        import dataclasses
+
+        from ..scoring.conversation import Turn
+
+        return dataclasses.replace(past, turns=tuple(Turn(t.role, redact(t.content, "history")) for t in past.turns))
+
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self, timeout: float = 30.0) -> bool:
