@@ -349,6 +349,37 @@ def md_table(header: list[str], rows: list[list[str]], align: Optional[list[str]
 # ==== the docs' derivations and tables (one section per page) ===============================
 
 
+# ---- docs/methods.md: benchmarks/results/multiturn.json, multiturn_unseen.json (python -m benchmarks.multiturn)
+
+MULTITURN_CONFIGS = {
+    "last_turn": "the last turn alone (before)",
+    "history": "**in its conversation (now)**",
+    "rewrite": "the benchmark's own rewrite, no history",
+}
+
+
+@table("multiturn")
+def _multiturn(r: Results, stem: str = "multiturn") -> str:
+    header = ["question judged", "turns", "right answer: mean score", "right answer `does_not_address`", "right answer outscores the earlier turn's answer"]
+    rows = []
+    reports = r(stem)["reports"]
+    for config, label in MULTITURN_CONFIGS.items():
+        for group in ("all", "self_contained", "context_dependent"):
+            cell = reports.get(config, {}).get(group)
+            if not cell:
+                continue
+            rows.append(
+                [
+                    label if group == "all" else "",
+                    f"{group.replace('_', '-')} ({cell['turns']})",
+                    with_ci(cell["right_mean_score"], cell["right_mean_score_ci"], ".2f"),
+                    f"{cell['right_does_not_address_count']} of {cell['turns']} ({fmt(cell['right_does_not_address'], '.0%')})",
+                    with_ci(cell["pairwise"], cell["pairwise_ci"], ".2f"),
+                ]
+            )
+    return md_table(header, rows)
+
+
 # ---- docs/quality.md: benchmarks/results/quality.json (python -m benchmarks.quality --report-only ...)
 
 DEFAULT_CALIBRATED = "ragas_judge_intent calibrated"

@@ -427,7 +427,7 @@ def test_every_detail_a_method_reports_reaches_the_result(server, registered):
     assert result.status == Status.SCORED and result.raw_score == 0.5
     assert {name: getattr(result, name) for name in names} == reported
     keys = list(result.to_dict(include_inputs=True))
-    assert keys[: keys.index(names[0])] == ["score", "label", "explanation", "status", "method", "error", "raw_score", "calibrated", "evaluator_version", "evidence", "prior", "failure_kind", "strictness", "llm_model", "embedding_model", "input_tokens", "output_tokens", "llm_calls", "latency_ms", "truncated"]
+    assert keys[: keys.index(names[0])] == ["score", "label", "explanation", "status", "method", "error", "raw_score", "calibrated", "evaluator_version", "evidence", "prior", "failure_kind", "strictness", "llm_model", "embedding_model", "input_tokens", "output_tokens", "llm_calls", "latency_ms", "truncated", "standalone_question", "history_turns", "history_status"]
     assert keys[keys.index(names[0]) :] == names + ["question", "answer", "contexts"]
     assert list(result.to_dict()) == keys[:-3]
     plain = engine_for(server, method="everything", calibration="none").score("Why?", "Because.", method="direct")
