@@ -26,41 +26,33 @@ from .test_service_faults import no_exports  # noqa: F401 - a fixture
 RECORDINGS = ROOT / "tests" / "sources" / "recordings"
 
 #: case -> (convention every call is read by, spans counted skipped by (source, reason), calls
-#: counted skipped by the content join by reason).
-EXPECTED: dict[str, tuple[str, dict[tuple[str, str], int], dict[str, int]]] = {
+#: counted skipped by the content join by reason, whether the multi-turn call carries its
+#: earlier turns: the span read holds the conversation; an agent run that records only the new
+#: turn, as Strands' invoke_agent and a smolagents run do, has none).
+AGENTS_TOOL_TURN = {("openinference", "tool_call"): 1, ("openinference", "no_input"): 1}
+EXPECTED: dict[str, tuple[str, dict[tuple[str, str], int], dict[str, int], bool]] = {
     # the root LangGraph chain: its input messages and its state's last message; every node,
     # routing edge (should_continue: "__end__") and model call inside covered
-    "langgraph_react_batch": ("openinference", {}, {}),
-    "langgraph_react_simple": ("openinference", {}, {}),
+    "langgraph_react_batch": ("openinference", {}, {}, True),
+    "langgraph_react_simple": ("openinference", {}, {}, True),
     # the run's root holds no input: the last response with text is the call; the tool-call
     # response and the turn around it (no input) are counted
-    "openai_agents_streamed": (
-        "openinference",
-        {("openinference", "tool_call"): 1, ("openinference", "no_input"): 1},
-        {},
-    ),
-    "openai_agents_streamed_simple": (
-        "openinference",
-        {("openinference", "tool_call"): 1, ("openinference", "no_input"): 1},
-        {},
-    ),
-    "openai_agents_chat_streamed": (
-        "openinference",
-        {("openinference", "tool_call"): 1, ("openinference", "no_input"): 1},
-        {},
-    ),
+    "openai_agents_streamed": ("openinference", AGENTS_TOOL_TURN, {}, True),
+    "openai_agents_streamed_simple": ("openinference", AGENTS_TOOL_TURN, {}, True),
+    "openai_agents_chat_streamed": ("openinference", AGENTS_TOOL_TURN, {}, True),
     # ToolCallingAgent.run: {"task"} in, the final answer out; one call per run (3 runs)
-    "smolagents_batch": ("openinference", {}, {}),
-    "smolagents_simple": ("openinference", {}, {}),
+    "smolagents_batch": ("openinference", {}, {}, False),
+    "smolagents_simple": ("openinference", {}, {}, False),
     # autolog alone: each completion is its own trace, the tool-call one counted
-    "mlflow_autolog": ("mlflow", {("mlflow", "tool_call"): 1}, {}),
-    "mlflow_traced": ("mlflow", {}, {}),
+    "mlflow_autolog": ("mlflow", {("mlflow", "tool_call"): 1}, {}, True),
+    "mlflow_traced": ("mlflow", {}, {}, True),
     # the invoke_agent root's span events
-    "strands_default": ("genai", {}, {}),
-    "strands_latest": ("genai", {}, {}),
+    "strands_default": ("genai", {}, {}, False),
+    "strands_latest": ("genai", {}, {}, False),
     # log events (JSON-string bodies) joined to each chat span; the tool-call turn skipped
-    "semantic_kernel": ("genai-events", {}, {"tool_call": 1}),
+    "semantic_kernel": ("genai-events", {}, {"tool_call": 1}, True),
 }
+HISTORY = [{"role": "user", "content": "Where is Lyon?"}, {"role": "assistant", "content": "Lyon is in France."}]
 
 
 def recording(case: str) -> dict[str, Any]:
@@ -115,7 +107,7 @@ def test_every_recording_is_checked_and_names_its_pinned_library():
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_a_recorded_library_is_scored_once_per_call_with_its_question_and_answer(case, server, no_exports):
-    convention, skipped, join_skipped = EXPECTED[case]
+    convention, skipped, join_skipped, history = EXPECTED[case]
     queued, service = replay(case, server)
     calls = recording(case)["calls"]
     assert sorted((c.span.trace_id, c.question, c.answer) for c in queued) == sorted(
@@ -125,3 +117,6 @@ def test_a_recorded_library_is_scored_once_per_call_with_its_question_and_answer
     assert service.skipped_spans == skipped
     assert service.skipped == join_skipped
     assert service.join.expired == {}
+    histories = {c.question: c.history for c in queued}
+    assert histories["On which river is Lyon?"] == (HISTORY if history else [])
+    assert histories["What is the weather in Lyon?"] == []
