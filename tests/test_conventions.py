@@ -479,3 +479,28 @@ def test_an_unreadable_agent_run_is_answered_by_its_last_call_not_each_step():
         assert sorted(c.answer for c in chosen) == expected
         assert window.outcomes.get(COVERED, 0) == (1 if kind == "AGENT" else 0)
         assert [(s.source, s.reason) for s in lost] == []  # the root holds the chosen call
+
+
+def test_span_events_kept_per_request_are_bounded():
+    """4,000 spans of 128 one-attribute GenAI events (14 MB): :data:`MAX_REQUEST_EVENTS` are
+    kept in all, the later spans keep none; decoding them costs a few MB of Python objects."""
+    import tracemalloc
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from relevancy_tracer.service.otlp import MAX_REQUEST_EVENTS, spans_of
+
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for i in range(4000):
+        proto = scope.spans.add(trace_id=bytes.fromhex(TRACE), span_id=(i + 1).to_bytes(8, "big"), name="chat")
+        for _ in range(128):
+            proto.events.add(name="gen_ai.choice").attributes.add(key="message").value.string_value = "x"
+    tracemalloc.start()
+    try:
+        received = spans_of(request, max_text_chars=32001)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sum(len(s.events) for s in received) == MAX_REQUEST_EVENTS and not received[-1].events
+    assert peak < 32 << 20
