@@ -504,3 +504,15 @@ def test_span_events_kept_per_request_are_bounded():
         tracemalloc.stop()
     assert sum(len(s.events) for s in received) == MAX_REQUEST_EVENTS and not received[-1].events
     assert peak < 32 << 20
+
+
+def test_a_tool_call_turn_with_its_question_on_the_span_and_no_reply_text_is_skipped_at_once():
+    """OpenLIT: the prompt on the span, no completion text, finish reason ``tool_calls``."""
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.prompt": json.dumps([{"role": "user", "content": "What is the weather?"}]),
+        "gen_ai.response.finish_reasons": ["tool_calls"],
+    }
+    assert SpanSelector().read(span(attributes)) == (SKIPPED, ("genai", "tool_call"))
+    del attributes["gen_ai.response.finish_reasons"]
+    assert SpanSelector().read(span(attributes)) == ("pending", None)  # its reply may come as events

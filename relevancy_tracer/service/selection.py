@@ -67,6 +67,8 @@ _OI_MESSAGE = re.compile(r"(\d+)\.(message\..+)$")
 _OI_PART = re.compile(r"(\d+)\.message_content\.(type|text)$")
 #: ``gen_ai.operation.name`` values of inference calls whose content may come as log events.
 INFERENCE_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+#: ``gen_ai.response.finish_reasons`` of a reply that calls tools.
+TOOL_FINISH_REASONS = frozenset({"tool_calls", "tool_call", "tool_use", "function_call"})
 #: ``gen_ai.operation.name`` values of steps of an agent, not calls: a tool's execution.
 GENAI_STEPS = frozenset({"execute_tool"})
 #: OpenLLMetry's ``llm.request.type`` of inference calls (its events mode sends the content as
@@ -697,6 +699,11 @@ def genai_texts(attributes: dict[str, Any], turns: Optional[list] = None) -> Opt
             answer = "".join(completions) if completions else None
     if isinstance(question, str) and question.strip() and isinstance(answer, str) and answer.strip():
         return question, answer
+    if isinstance(question, str) and question.strip() and not (isinstance(answer, str) and answer.strip()):
+        reasons = attributes.get("gen_ai.response.finish_reasons")
+        reasons = reasons if isinstance(reasons, (list, tuple)) else [reasons]
+        if any(str(reason).lower() in TOOL_FINISH_REASONS for reason in reasons):
+            raise Unreadable(TOOL_CALL)  # content on the span, the reply a tool call (OpenLIT)
     return None
 
 
