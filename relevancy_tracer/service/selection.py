@@ -18,6 +18,11 @@ a system, tool or assistant message, a model name or a template; the answer is t
   ``traceloop.span.kind``): ``traceloop.entity.input`` / ``.output`` (JSON of the function's
   ``{"args", "kwargs"}`` and its return value). Its ``@task`` and ``@tool`` spans are steps of
   one, not calls; the LLM calls inside carry GenAI attributes (below).
+* **MLflow** (``mlflow-tracing``'s OTLP export): ``mlflow.spanInputs`` / ``mlflow.spanOutputs``
+  by ``mlflow.spanType`` (tools, retrievers and the like are steps, not calls).
+* **GenAI content events on the span** (Strands Agents): ``gen_ai.user.message`` /
+  ``gen_ai.choice`` or ``gen_ai.client.inference.operation.details`` span events, read as the
+  log events of ``join.py`` are.
 * **GenAI semantic conventions**: ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (JSON
   ``[{"role": "user", "parts": [{"type": "text", "content": "..."}]}]``): the question is the last
   user message's text parts, the answer the assistant messages' text parts; and the older
@@ -44,7 +49,8 @@ carrying ``relevancy.status``) are never candidates. Then the decorator's sample
 trace-id ratio (every service of a trace decides alike) and the rate limit.
 
 Contexts come from ``retrieval.documents.<i>.document.content`` on the span, else on RETRIEVER
-spans of the same trace.
+spans of the same trace. Where the question comes from chat messages, the conversation's earlier
+user and assistant turns come with it (:attr:`Candidate.history`).
 """
 
 from __future__ import annotations
