@@ -19,6 +19,9 @@ spans and decides on the trace once no span of it arrived for ``wait`` seconds:
   already scored is nested in it (the window was shorter than the gap between the two);
 * a span id seen before in the trace (an exporter's retry, a duplicate) is ignored and counted
   ``duplicate``;
+* when the trace's root is an agent run (:func:`~.selection.agent_run`) that does not read (its
+  span holds no question or answer) and several calls inside it are chosen together, only
+  the last to end is (the run's final answer); the others are its steps, counted ``covered``;
 * spans that look like calls but yield no question or answer (:class:`~.selection.Skipped`)
   are reported once the trace is decided, unless a chosen candidate covers them or is nested
   in them (that call was scored);
@@ -97,11 +100,16 @@ def _light(span: ReceivedSpan, keys: bool = False) -> ReceivedSpan:
     project)."""
     attributes = {str(k)[:100]: None for k in list(span.attributes)[:100]} if keys else {}
     resource = {k: v for k, v in span.resource.items() if k in ("service.name", "openinference.project.name")}
-    return replace(span, attributes=attributes, resource=resource)
+    return replace(span, attributes=attributes, resource=resource, events=[])
 
 
 def _candidate_chars(candidate: Candidate) -> int:
-    return len(candidate.question) + len(candidate.answer) + sum(len(c) for c in candidate.contexts or [])
+    return (
+        len(candidate.question)
+        + len(candidate.answer)
+        + sum(len(c) for c in candidate.contexts or [])
+        + sum(len(str(turn.get("content", ""))) for turn in candidate.history)
+    )
 
 
 class DecisionWindow:
@@ -256,7 +264,9 @@ class DecisionWindow:
                 trace.decided_at = None
                 trace.first = trace.last = now
         for skipped in plan.skipped:  # the attribute keys are kept for the log line, not the values
-            self._traces[skipped.span.trace_id].skipped[skipped.span.span_id] = Skipped(_light(skipped.span, keys=True), skipped.source, skipped.reason)
+            self._traces[skipped.span.trace_id].skipped[skipped.span.span_id] = Skipped(
+                _light(skipped.span, keys=True), skipped.source, skipped.reason, skipped.run
+            )
         out: list[Skipped] = []
         for candidate in plan.ready:
             trace = self._traces[candidate.span.trace_id]
@@ -336,6 +346,16 @@ class DecisionWindow:
         ancestors = self._ancestors(trace.parents, trace.chosen)
         late = [c for c in outer if c.span.span_id in ancestors]
         chosen = [c for c in outer if c.span.span_id not in ancestors]
+        if (
+            len(chosen) > 1
+            and not trace.chosen
+            and any(s.run and not s.span.parent_span_id for s in trace.skipped.values())
+        ):
+            # the trace's root is an agent run that does not read (OpenAI Agents' holds no
+            # input): its last text-producing call is its answer; the earlier ones are steps
+            last = max(chosen, key=lambda c: (c.span.end_ns, c.span.start_ns))
+            covered += len(chosen) - 1
+            chosen = [last]
         uncaptured = {s.span.span_id for s in trace.skipped.values() if s.reason == CONTENT_NOT_CAPTURED}
         dropped = []
         if uncaptured and any(c.convention == "genai-events" for c in chosen):

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Optional
 
 from .otlp import ReceivedLog, ReceivedSpan
-from .selection import _load, _message_texts, _parts_text
+from .selection import _load, _message, _message_texts, _parts_text
 
 #: Event names this module reads (``gen_ai.<role>.message`` for every role).
 CHOICE = "gen_ai.choice"
@@ -59,6 +59,7 @@ CONTENT_EVENTS = frozenset({CHOICE, OPERATION_DETAILS, *MESSAGE_EVENTS})
 TOOL_CALL = "tool_call"
 CONTENT_NOT_CAPTURED = "content_not_captured"
 NO_USER_MESSAGE = "no_user_message"
+NO_ANSWER = "no_answer"  # an answer-bearing event whose content is of no form read
 # expiry reasons (``relevancy.service.join.expired``)
 SPAN_WITHOUT_CONTENT = "span_without_content"
 CONTENT_WITHOUT_SPAN = "content_without_span"
@@ -72,18 +73,23 @@ class Content:
     """What the events of one call said so far (immutable: merging makes a new one).
 
     Attributes:
-        question: the last user message text, with its (time_ns, arrival) order key.
+        question: the last user message text, with its (time_ns, arrival, index) order key.
         answer: the first choice's text (None: no text). answer_index: that choice's index
             (None: no answer-bearing event yet). tool_call: the first choice calls a tool.
         inputs: input message events seen (with or without content).
+        turns: ``(order, role, text)`` of the user and assistant messages with text seen, for
+            :attr:`history`. unread: events holding content of no form this module reads (so a
+            call without text is not reported as one whose app captures no content).
     """
 
     question: Optional[str] = None
-    question_order: tuple[int, int] = (-1, -1)
+    question_order: tuple[int, ...] = (-1, -1, -1)
     answer: Optional[str] = None
     answer_index: Optional[int] = None
     tool_call: bool = False
     inputs: int = 0
+    turns: tuple[tuple[tuple[int, ...], str, str], ...] = ()
+    unread: int = 0
 
     @property
     def complete(self) -> bool:
@@ -91,24 +97,42 @@ class Content:
 
     @property
     def chars(self) -> int:
-        return len(self.question or "") + len(self.answer or "")
+        # the question is among the turns (counted once)
+        return len(self.answer or "") + max(len(self.question or ""), sum(len(text) for _, _, text in self.turns))
+
+    @property
+    def history(self) -> list[dict]:
+        """The earlier turns: user and assistant messages before the question, oldest first."""
+        return [
+            {"role": role, "content": text} for order, role, text in sorted(self.turns) if order < self.question_order
+        ]
 
     def merge(self, other: "Content") -> "Content":
         question, order = (other.question, other.question_order) if other.question_order > self.question_order else (self.question, self.question_order)
         answer, index, tool = self.answer, self.answer_index, self.tool_call
         if other.answer_index is not None and (index is None or other.answer_index < index):
             answer, index, tool = other.answer, other.answer_index, other.tool_call
-        return Content(question, order, answer, index, tool, self.inputs + other.inputs)
+        return Content(
+            question,
+            order,
+            answer,
+            index,
+            tool,
+            self.inputs + other.inputs,
+            self.turns + other.turns,
+            self.unread + other.unread,
+        )
 
     def outcome(self) -> tuple[Optional[tuple[str, str]], Optional[str]]:
-        """((question, answer), None) to score, or (None, skip reason)."""
+        """((question, answer), None) to score, or (None, skip reason): ``content_not_captured``
+        only when the events carry no content at all (not when it is of a form not read)."""
         if self.tool_call and not (self.answer or "").strip():
             return None, TOOL_CALL
         if not (self.answer or "").strip():
-            return None, CONTENT_NOT_CAPTURED
+            return None, NO_ANSWER if self.unread else CONTENT_NOT_CAPTURED
         if not (self.question or "").strip():
-            return None, CONTENT_NOT_CAPTURED if self.inputs else NO_USER_MESSAGE
-        return (self.question, self.answer), None  # type: ignore[return-value]
+            return None, NO_USER_MESSAGE if self.unread or not self.inputs else CONTENT_NOT_CAPTURED
+        return (self.question.strip(), self.answer.strip()), None  # type: ignore[union-attr]
 
 
 def _has_tool_call(message: Any) -> bool:
@@ -117,49 +141,113 @@ def _has_tool_call(message: Any) -> bool:
     if message.get("tool_calls"):
         return True
     parts = message.get("parts")
-    return isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") == "tool_call" for p in parts)
+    if isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") == "tool_call" for p in parts):
+        return True
+    content = message.get("content")  # Strands' content blocks: [{"toolUse": {...}}]
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and ("toolUse" in p or p.get("type") in ("tool_call", "tool_use")) for p in content
+    )
 
 
 def _text(content: Any) -> Optional[str]:
+    """Text of an event's content: a string (JSON of a list of parts is read as one), or the
+    text parts of a list of parts (``{"type": "text", "text" | "content"}``, Strands'
+    ``{"text"}``)."""
     if isinstance(content, str):
+        if content[:1] == "[":
+            parsed = _load(content)
+            if isinstance(parsed, list):
+                return _parts_text(parsed) or None
         return content
     if isinstance(content, list):
         return _parts_text(content) or None
     return None
 
 
+def _fields(record: ReceivedLog) -> dict:
+    """An event's fields: its body when a map (or a JSON string of one: Semantic Kernel's),
+    over its attributes (span events and some SDKs put the content there)."""
+    body = record.body
+    if isinstance(body, str) and body[:1] == "{":
+        body = _load(body)
+    fields = dict(record.attributes)
+    if isinstance(body, dict):
+        fields.update(body)
+    return fields
+
+
 def content_of(record: ReceivedLog, arrival: int) -> Optional[Content]:
-    """The :class:`Content` one GenAI event carries, or None when it is not a content event.
-    ``arrival`` orders events of equal timestamps."""
-    name = record.event_name
-    body = record.body if isinstance(record.body, dict) else {}
-    order = (record.time_ns, arrival)
+    """The :class:`Content` one GenAI event carries (a log record, or a span event as one),
+    or None when it is not a content event. ``arrival`` orders events of equal timestamps."""
+    name = record.event_name or str(record.attributes.get("event.name") or "")
+    if name not in CONTENT_EVENTS:
+        return None
+    body = _fields(record)
+    order = (record.time_ns, arrival, 0)
     if name in MESSAGE_EVENTS:
         role = str(body.get("role") or MESSAGE_EVENTS[name])
-        text = _text(body.get("content")) if role == "user" else None
+        text = _text(body.get("content")) if role in ("user", "assistant") else None
+        unread = int(role == "user" and text is None and body.get("content") is not None)
+        turns = ((order, role, text),) if text is not None and text.strip() else ()
         if role == "user" and text is not None:
-            return Content(question=text, question_order=order, inputs=1)
-        return Content(inputs=1)
+            return Content(question=text, question_order=order, inputs=1, turns=turns)
+        return Content(inputs=1, turns=turns, unread=unread)
     if name == CHOICE:
-        message = body.get("message") if isinstance(body.get("message"), dict) else {}
+        message = _load(body.get("message"))
+        if isinstance(message, (list, str)):  # Strands: the content blocks, or the final text
+            message = {"role": "assistant", "content": message}
+        message = message if isinstance(message, dict) else {}
         index = body.get("index", 0)
-        return Content(answer=_text(message.get("content")), answer_index=index if isinstance(index, int) else 0, tool_call=_has_tool_call(message))
-    if name == OPERATION_DETAILS:
-        attrs = {**body, **record.attributes}
-        inputs = _load(attrs.get("gen_ai.input.messages"))
-        outputs = _load(attrs.get("gen_ai.output.messages"))
-        users = [text for role, text in _message_texts(inputs) if role == "user"]
-        content = Content(question=users[-1] if users else None, question_order=order if users else (-1, -1), inputs=len(inputs) if isinstance(inputs, list) else 0)
-        if isinstance(outputs, list):
-            first = next((m for m in outputs if isinstance(m, dict)), {})
-            texts = [text for role, text in _message_texts([first]) if role in ("assistant", "")]
-            content = replace(content, answer="".join(texts) or None, answer_index=0, tool_call=_has_tool_call(first))
-        return content
-    return None
+        text = _text(message.get("content"))
+        unread = int(text is None and message.get("content") is not None and not _has_tool_call(message))
+        return Content(
+            answer=text,
+            answer_index=index if isinstance(index, int) else 0,
+            tool_call=_has_tool_call(message),
+            unread=unread,
+        )
+    # OPERATION_DETAILS
+    inputs = _load(body.get("gen_ai.input.messages"))
+    outputs = _load(body.get("gen_ai.output.messages"))
+    messages = [m for m in (_message(item) for item in inputs) if m is not None] if isinstance(inputs, list) else []
+    last = max(
+        (i for i, (role, text, _) in enumerate(messages) if role == "user" and text and text.strip()), default=None
+    )
+    turns = tuple(
+        ((record.time_ns, arrival, i), role, text)
+        for i, (role, text, _) in enumerate(messages)
+        if role in ("user", "assistant") and text and text.strip()
+    )
+    content = Content(
+        question=messages[last][1] if last is not None else None,
+        question_order=(record.time_ns, arrival, last) if last is not None else (-1, -1, -1),
+        inputs=len(inputs) if isinstance(inputs, list) else 0,
+        turns=turns,
+    )
+    if isinstance(outputs, list):
+        first = next((m for m in outputs if isinstance(m, dict)), {})
+        texts = [text for role, text in _message_texts([first]) if role in ("assistant", "")]
+        content = replace(content, answer="".join(texts) or None, answer_index=0, tool_call=_has_tool_call(first))
+    return content
+
+
+def events_content(span: ReceivedSpan) -> Optional[Content]:
+    """The :class:`Content` of a span's GenAI content events (``span.events``: Strands Agents'
+    ``gen_ai.user.message`` / ``gen_ai.choice``, or ``gen_ai.client.inference.operation.details``
+    on the span), read as log events are; None when it has none or no answer-bearing one."""
+    found: Optional[Content] = None
+    for arrival, event in enumerate(span.events):
+        content = content_of(
+            ReceivedLog(span.trace_id, span.span_id, event.name, None, event.attributes, time_ns=event.time_ns), arrival
+        )
+        if content is not None:
+            found = content if found is None else found.merge(content)
+    return found if found is not None and found.complete else None
 
 
 def is_content_event(record: ReceivedLog) -> bool:
-    return record.event_name in CONTENT_EVENTS
+    """Whether ``record`` is a GenAI content event (by its event name, or ``event.name``)."""
+    return (record.event_name or str(record.attributes.get("event.name") or "")) in CONTENT_EVENTS
 
 
 @dataclass

@@ -219,6 +219,27 @@ class DecodeBudget:
             self._room.notify_all()
 
 
+#: Span events looked at per span: the last ones (an SDK keeps 128 by default); only events named
+#: ``gen_ai.*`` (the GenAI conventions' content events) with attributes are kept, so a span of
+#: a million tiny events costs a look at its last :data:`MAX_SPAN_EVENTS`.
+MAX_SPAN_EVENTS = 128
+#: Span events kept per request at most: each costs a few hundred bytes once decoded, more per
+#: wire byte than the decoding budget's estimate (``WIRE_FACTOR``) allows for, so their number
+#: is bounded apart (8,192 x ~500 B: ~4 MiB; an export batch of 512 spans of 16 content events).
+MAX_REQUEST_EVENTS = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class SpanEvent:
+    """A GenAI content event recorded on a span (``gen_ai.user.message``, ``gen_ai.choice``,
+    ``gen_ai.client.inference.operation.details``, ...): its name, Unix nanoseconds and
+    attributes (strings cut as the span's)."""
+
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
 @dataclass
 class ReceivedSpan:
     """One span of an export request.
@@ -229,6 +250,8 @@ class ReceivedSpan:
         attributes: span attributes as Python values (str, bool, int, float, lists, dicts).
         resource: the resource's attributes (``service.name``, ``openinference.project.name``).
         scope: instrumentation scope name. start_ns, end_ns: Unix nanoseconds.
+        events: the span's GenAI content events (:class:`SpanEvent`, at most
+            :data:`MAX_SPAN_EVENTS`, the last ones), in order.
     """
 
     trace_id: str
@@ -241,6 +264,7 @@ class ReceivedSpan:
     scope: str = ""
     start_ns: int = 0
     end_ns: int = 0
+    events: list[SpanEvent] = field(default_factory=list)
 
     @property
     def ids_valid(self) -> bool:
@@ -298,7 +322,9 @@ def _items(request: Any, signal: str, max_text_chars: Optional[int]) -> Any:
 
 def spans_of(request: Any, max_text_chars: Optional[int] = None) -> list[ReceivedSpan]:
     """Every span of an ``ExportTraceServiceRequest`` message, string attribute values cut to
-    ``max_text_chars`` characters (None: whole)."""
+    ``max_text_chars`` characters (None: whole), with their GenAI content events
+    (:func:`span_events`; at most :data:`MAX_REQUEST_EVENTS` in the request)."""
+    room = [MAX_REQUEST_EVENTS]
     return [
         ReceivedSpan(
             trace_id=span.trace_id.hex(),
@@ -311,9 +337,26 @@ def spans_of(request: Any, max_text_chars: Optional[int] = None) -> list[Receive
             scope=scope,
             start_ns=int(span.start_time_unix_nano),
             end_ns=int(span.end_time_unix_nano),
+            events=span_events(span, max_text_chars, room) if len(span.events) and room[0] > 0 else [],
         )
         for resource, scope, span in _items(request, "traces", max_text_chars)
     ]
+
+
+def span_events(span: Any, max_text_chars: Optional[int] = None, room: Optional[list[int]] = None) -> list[SpanEvent]:
+    """The GenAI content events (named ``gen_ai.*``, with attributes) among a protobuf span's
+    last :data:`MAX_SPAN_EVENTS` events, strings cut to ``max_text_chars``; at most ``room[0]``
+    of them, which is decreased by their number."""
+    left = room[0] if room is not None else MAX_SPAN_EVENTS
+    out = []
+    for event in span.events[-MAX_SPAN_EVENTS:]:
+        if len(out) >= left:
+            break
+        if event.name.startswith("gen_ai.") and len(event.attributes):
+            out.append(SpanEvent(event.name, int(event.time_unix_nano), attributes(event.attributes, max_text_chars)))
+    if room is not None:
+        room[0] -= len(out)
+    return out
 
 
 def _objects(value: Any) -> list:

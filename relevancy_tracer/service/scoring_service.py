@@ -212,6 +212,10 @@ class ScoringService:
         rejected = len(spans) - len(valid)
         message = f"{rejected} span(s) rejected: a trace id must be 16 bytes and a span id 8, not all zeros" if rejected else ""
         classified, skipped = self.selector.classify(valid)
+        settled = [(item.span.trace_id, item.span.span_id) for item in skipped if item.source == "genai"]
+        if settled:  # a GenAI call read from its span (a tool-call turn): its content events are moot
+            with self.join.lock:
+                self.join.commit(settled, {})
         if self.window is None:  # decide within this request
             candidates, pending = self.selector.choose(valid, classified)
             admission = self._admit(candidates, pending, {}, Admission(True, rejected, message))
@@ -282,7 +286,9 @@ class ScoringService:
             if texts is None:
                 skipped.append((candidate, str(reason)))
             else:
-                ready.append(Candidate(candidate.span, texts[0], texts[1], candidate.contexts, "genai-events"))
+                ready.append(
+                    Candidate(candidate.span, texts[0], texts[1], candidate.contexts, "genai-events", content.history)
+                )
 
         with join.lock:
             for candidate in list(ready):  # GenAI content on the span: events held for it are moot
@@ -298,7 +304,12 @@ class ScoringService:
                     settle(key, candidate, content)
                 else:  # held without its attributes: only its name, ids and app are needed later
                     resource = {k: v for k, v in candidate.span.resource.items() if k in ("service.name", "openinference.project.name")}
-                    holding[key] = Held(held.since if held is not None else now, dataclasses.replace(candidate.span, attributes={}, resource=resource), candidate.contexts, content)
+                    holding[key] = Held(
+                        held.since if held is not None else now,
+                        dataclasses.replace(candidate.span, attributes={}, resource=resource, events=[]),
+                        candidate.contexts,
+                        content,
+                    )
             for key, content in contents.items():
                 if join.done(key):
                     continue  # a late event of a call already scored or skipped

@@ -18,6 +18,11 @@ a system, tool or assistant message, a model name or a template; the answer is t
   ``traceloop.span.kind``): ``traceloop.entity.input`` / ``.output`` (JSON of the function's
   ``{"args", "kwargs"}`` and its return value). Its ``@task`` and ``@tool`` spans are steps of
   one, not calls; the LLM calls inside carry GenAI attributes (below).
+* **MLflow** (``mlflow-tracing``'s OTLP export): ``mlflow.spanInputs`` / ``mlflow.spanOutputs``
+  by ``mlflow.spanType`` (tools, retrievers and the like are steps, not calls).
+* **GenAI content events on the span** (Strands Agents): ``gen_ai.user.message`` /
+  ``gen_ai.choice`` or ``gen_ai.client.inference.operation.details`` span events, read as the
+  log events of ``join.py`` are.
 * **GenAI semantic conventions**: ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (JSON
   ``[{"role": "user", "parts": [{"type": "text", "content": "..."}]}]``): the question is the last
   user message's text parts, the answer the assistant messages' text parts; and the older
@@ -44,7 +49,8 @@ carrying ``relevancy.status``) are never candidates. Then the decorator's sample
 trace-id ratio (every service of a trace decides alike) and the rate limit.
 
 Contexts come from ``retrieval.documents.<i>.document.content`` on the span, else on RETRIEVER
-spans of the same trace.
+spans of the same trace. Where the question comes from chat messages, the conversation's earlier
+user and assistant turns come with it (:attr:`Candidate.history`).
 """
 
 from __future__ import annotations
@@ -52,14 +58,14 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..otel import attributes as A
 from ..tracing.sampling import RateLimitSampler, TraceIdRatioSampler
 from .otlp import ReceivedSpan
 
-QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q", "message", "query_str")
+QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q", "message", "query_str", "task")
 ANSWER_FIELDS = ("answer", "output", "result", "response", "text", "content", "output_text")
 _DOCUMENT = re.compile(r"^retrieval\.documents\.(\d+)\.document\.content$")
 _INDEXED = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(role|content)$")
@@ -67,6 +73,10 @@ _OI_MESSAGE = re.compile(r"(\d+)\.(message\..+)$")
 _OI_PART = re.compile(r"(\d+)\.message_content\.(type|text)$")
 #: ``gen_ai.operation.name`` values of inference calls whose content may come as log events.
 INFERENCE_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+#: ``gen_ai.response.finish_reasons`` of a reply that calls tools.
+TOOL_FINISH_REASONS = frozenset({"tool_calls", "tool_call", "tool_use", "function_call"})
+#: ``gen_ai.operation.name`` values of steps of an agent, not calls: a tool's execution.
+GENAI_STEPS = frozenset({"execute_tool"})
 #: OpenLLMetry's ``llm.request.type`` of inference calls (its events mode sends the content as
 #: log events, and older versions set no ``gen_ai.operation.name``).
 LLM_REQUEST_TYPES = frozenset({"chat", "completion"})
@@ -81,9 +91,15 @@ TRACELOOP_KIND = "traceloop.span.kind"
 #: Traceloop span kinds that are calls: an ``@workflow`` or ``@agent`` function (a ``task`` or
 #: ``tool`` is a step of one: a tool's input is its arguments, not the user's question).
 TRACELOOP_CALLS = frozenset({"workflow", "agent"})
+MLFLOW_INPUTS = "mlflow.spanInputs"
+MLFLOW_OUTPUTS = "mlflow.spanOutputs"
+MLFLOW_TYPE = "mlflow.spanType"
+#: MLflow span types that are steps of a call, not calls (a tool's input is its arguments, a
+#: retriever's a query it was given).
+MLFLOW_STEPS = frozenset({"TOOL", "RETRIEVER", "EMBEDDING", "PARSER", "RERANKER", "MEMORY"})
 
 #: Conventions a span is read by (``relevancy.source`` of the skipped counter).
-SOURCES = ("openinference", "vercel_ai", "langfuse", "traceloop", "genai")
+SOURCES = ("openinference", "vercel_ai", "langfuse", "traceloop", "genai", "mlflow")
 # skip reasons (``relevancy.reason`` of ``relevancy.service.skipped``)
 UNKNOWN_JSON = "unknown_json"  # a JSON value with no field this module knows
 INVALID_JSON = "invalid_json"  # declared JSON (mime type), not parseable
@@ -98,7 +114,21 @@ TOOL_CALL = "tool_call"  # the reply only calls tools
 #: and ``.output`` (``TRACELOOP_TRACE_CONTENT=false``; with it on, traceloop-sdk always writes
 #: the input, its JSON encoder falling back to class names)
 CONTENT_NOT_CAPTURED = "content_not_captured"
-SKIP_REASONS = (UNKNOWN_JSON, INVALID_JSON, TOO_DEEP, PYTHON_REPR, NO_INPUT, NO_QUESTION, NO_USER_MESSAGE, NO_ANSWER, TOOL_CALL, CONTENT_NOT_CAPTURED)
+#: a known framework's step, not a call (an MLflow TOOL, RETRIEVER, EMBEDDING... span)
+STEP = "step"
+SKIP_REASONS = (
+    UNKNOWN_JSON,
+    INVALID_JSON,
+    TOO_DEEP,
+    PYTHON_REPR,
+    NO_INPUT,
+    NO_QUESTION,
+    NO_USER_MESSAGE,
+    NO_ANSWER,
+    TOOL_CALL,
+    CONTENT_NOT_CAPTURED,
+    STEP,
+)
 # verdicts of SpanSelector.read
 CANDIDATE, PENDING, SKIPPED, IGNORED = "candidate", "pending", "skipped", "ignored"
 
@@ -136,6 +166,10 @@ class Candidate:
     answer: str
     contexts: Optional[list[str]] = None
     convention: str = "openinference"
+    #: the conversation's earlier turns, oldest first: ``{"role": "user" | "assistant",
+    #: "content": str}`` before the last user turn (system and tool messages dropped); empty
+    #: for a single turn or a source without messages
+    history: list[dict] = field(default_factory=list)
 
 
 class Unreadable(Exception):
@@ -163,6 +197,8 @@ def _parse(text: str, declared_json: bool) -> Any:
 
 
 _JSON_START = re.compile(r"\s*[\[{]")
+#: LangGraph's routing targets (``__end__``, ``__start__``): what a conditional edge returns.
+_ROUTING = re.compile(r"__[a-z_]+__$")
 #: The repr of a Python object that instrumentations put where JSON failed: a dict or list repr
 #: (``{'template': ...``), or a class's (``PromptTemplate(...)``, ``ChatMessage(role=...``).
 _PYTHON_REPR = re.compile(r"\s*(?:[\[{]\s*'|[A-Z][A-Za-z]*(?:Template|Message|Bundle|Node|Prompt)\w*\()")
@@ -207,11 +243,30 @@ def _content_text(content: Any) -> Optional[str]:
 
 def _message(message: Any) -> Optional[tuple[str, Optional[str], bool]]:
     """(role, text, calls a tool) of one chat message in any of the forms above, or None when
-    ``message`` is not a message (no role and no content)."""
+    ``message`` is not a message (no role and no content). Also LangChain's ``message_to_dict``
+    form (``{"type": "ai", "data": {"content", "tool_calls"}}``, as LangGraph's state is
+    serialised), its message tuples (``["user", "text"]``), and the Responses API's input items
+    (``function_call``: an assistant turn calling a tool; ``function_call_output``: a tool's)."""
+    if isinstance(message, list) and len(message) == 2 and isinstance(message[0], str) and isinstance(message[1], str):
+        role = _role({"role": message[0]})
+        return (role, message[1], False) if role in _ROLES else None
     if not isinstance(message, dict):
         return None
+    kind = message.get("type")
+    if kind in ("function_call", "custom_tool_call", "computer_call", "mcp_call"):
+        return "assistant", None, True
+    if kind in ("function_call_output", "custom_tool_call_output", "computer_call_output"):
+        output = message.get("output")
+        return "tool", output if isinstance(output, str) else None, False
+    if kind == "reasoning":
+        return "assistant", None, False
     role = _role(message)
-    body = message.get("kwargs") if isinstance(message.get("kwargs"), dict) and "content" not in message else message
+    body = message
+    if "content" not in message:
+        if isinstance(message.get("kwargs"), dict):
+            body = message["kwargs"]
+        elif isinstance(message.get("data"), dict) and isinstance(kind, str):  # LangChain's message_to_dict
+            body = message["data"]
     if "parts" in body:
         text = _content_text(body.get("parts"))
     else:
@@ -222,11 +277,14 @@ def _message(message: Any) -> Optional[tuple[str, Optional[str], bool]]:
     return role, text, tool
 
 
+_ROLES = frozenset({"user", "assistant", "system", "tool"})
+
+
 def _messages(value: Any) -> Optional[list[tuple[str, Optional[str], bool]]]:
     """The messages of a chat message list (LangChain's batched ``[[...]]``: the last batch);
     None when ``value`` is not a non-empty list of messages."""
-    if isinstance(value, list) and value and isinstance(value[-1], list):
-        value = value[-1]
+    if isinstance(value, list) and value and isinstance(value[-1], list) and _message(value[-1]) is None:
+        value = value[-1]  # a batch of message lists, not LangChain's ("role", "text") tuples
     if not isinstance(value, list) or not value:
         return None
     out = [m for m in (_message(item) for item in value) if m is not None]
@@ -242,6 +300,20 @@ def last_user_text(messages: list[tuple[str, Optional[str], bool]]) -> str:
     raise Unreadable(NO_USER_MESSAGE)
 
 
+def history_of(messages: list[tuple[str, Optional[str], bool]]) -> list[dict]:
+    """The conversation's earlier turns: the user and assistant messages with text before the
+    last user message, oldest first, as ``{"role", "content"}`` (system and tool messages and
+    tool calls without text dropped); empty for a single turn."""
+    last = max(
+        (i for i, (role, text, _) in enumerate(messages) if role == "user" and text and text.strip()), default=-1
+    )
+    return [
+        {"role": role, "content": text}
+        for role, text, _ in messages[: max(last, 0)]
+        if role in ("user", "assistant") and text and text.strip()
+    ]
+
+
 def assistant_text(messages: list[tuple[str, Optional[str], bool]]) -> str:
     """The assistant's reply text (every assistant or role-less message's text, joined).
     Raises Unreadable(tool_call) when it only calls tools, Unreadable(no_answer) otherwise."""
@@ -251,7 +323,15 @@ def assistant_text(messages: list[tuple[str, Optional[str], bool]]) -> str:
     raise Unreadable(TOOL_CALL if any(tool for _, _, tool in messages) else NO_ANSWER)
 
 
-def question_of(value: Any, depth: int = 0) -> str:
+def _last_turn(messages: list[tuple[str, Optional[str], bool]], turns: Optional[list]) -> str:
+    """:func:`last_user_text`, the earlier turns put in ``turns`` (when a list)."""
+    question = last_user_text(messages)
+    if turns is not None:
+        turns[:] = history_of(messages)
+    return question
+
+
+def question_of(value: Any, depth: int = 0, turns: Optional[list] = None) -> str:
     """The user's question in a parsed input value, by known shape only:
 
     * a string: itself, unless it is a Python object's repr (a prompt template, ``{'...``:
@@ -266,8 +346,10 @@ def question_of(value: Any, depth: int = 0) -> str:
       down, ``inputs`` also as a string (a chain invoked with one); Langfuse's ``{"args": [one
       argument]}`` (a string or chat messages).
 
-    Anything else raises Unreadable(unknown_json): nothing is guessed from "the only string
-    field" (the system prompt and model names are strings too). Walks at most 4 levels of
+    With ``turns`` (a list), the conversation's earlier turns are put in it when the question
+    comes from chat messages (:func:`history_of`). Anything else raises
+    Unreadable(unknown_json): nothing is guessed from "the only string field" (the system
+    prompt and model names are strings too). Walks at most 4 levels of
     known keys: the cost is linear in the value's size.
     """
     if isinstance(value, str):
@@ -278,28 +360,28 @@ def question_of(value: Any, depth: int = 0) -> str:
         raise Unreadable(NO_QUESTION)
     messages = _messages(value)
     if messages is not None:
-        return last_user_text(messages)
+        return _last_turn(messages, turns)
     if isinstance(value, dict) and depth < 4:
         for name in QUESTION_FIELDS:
             field_value = value.get(name)
             if isinstance(field_value, str) and field_value.strip():
-                return question_of(field_value, depth + 1)  # a repr is refused there
+                return question_of(field_value, depth + 1, turns)  # a repr is refused there
         for name in ("messages", "prompt"):
             messages = _messages(value.get(name))
             if messages is not None:
-                return last_user_text(messages)
+                return _last_turn(messages, turns)
         if isinstance(value.get("inputs"), str):  # a chain invoked with a string
-            return question_of(value["inputs"], depth + 1)
+            return question_of(value["inputs"], depth + 1, turns)
         for name in ("input", "inputs", "kwargs"):
             if isinstance(value.get(name), (dict, list)):
                 try:
-                    return question_of(value[name], depth + 1)
+                    return question_of(value[name], depth + 1, turns)
                 except Unreadable as exc:
                     if exc.reason != UNKNOWN_JSON:
                         raise
         args = value.get("args")
         if isinstance(args, list) and len(args) == 1 and not value.get("kwargs") and isinstance(args[0], (str, list)):
-            return question_of(args[0], depth + 1)  # a function of one argument: a question or messages
+            return question_of(args[0], depth + 1, turns)  # a function of one argument: a question or messages
     raise Unreadable(UNKNOWN_JSON)
 
 
@@ -322,9 +404,19 @@ def answer_of(value: Any, depth: int = 0) -> str:
     Unreadable(tool_call). Linear in the value's size.
     """
     if isinstance(value, str):
+        if _ROUTING.match(value):
+            raise Unreadable(NO_ANSWER)  # a graph's routing decision (LangGraph's "__end__"), not a reply
         if value.strip():
             return value
         raise Unreadable(NO_ANSWER)
+    if (
+        isinstance(value, list)
+        and value
+        and isinstance(value[-1], dict)
+        and value[-1].get("object") == "response"
+        and depth < 4
+    ):
+        return answer_of(value[-1], depth + 1)  # Responses API responses (OpenAI Agents' spans): the last
     messages = _messages(value)
     if messages is not None:
         return assistant_text(messages)
@@ -341,6 +433,11 @@ def answer_of(value: Any, depth: int = 0) -> str:
             texts = [text for item in value["output"] if isinstance(item, dict) and item.get("type", "message") == "message" for text in [_content_text(item.get("content"))] if text]
             if texts:
                 return "".join(texts)
+            if value.get("object") == "response":  # a Responses API response without text
+                calls = any(
+                    isinstance(item, dict) and str(item.get("type", "")).endswith("call") for item in value["output"]
+                )
+                raise Unreadable(TOOL_CALL if calls else NO_ANSWER)
         generations = value.get("generations")
         if isinstance(generations, list) and generations:
             first = generations[0][0] if isinstance(generations[0], list) and generations[0] else generations[0]
@@ -361,11 +458,11 @@ def answer_of(value: Any, depth: int = 0) -> str:
             if isinstance(field_value, str) and field_value.strip():
                 return field_value
         messages = _messages(value.get("messages"))
-        if messages is not None:
-            for role, text, _ in reversed(messages):
-                if role == "assistant" and text and text.strip():
-                    return text
-            raise Unreadable(NO_ANSWER)
+        if messages is not None:  # a graph's state: its last message is the reply, if the assistant's
+            role, text, tool = messages[-1]
+            if role == "assistant" and text and text.strip():
+                return text
+            raise Unreadable(TOOL_CALL if role == "assistant" and tool else NO_ANSWER)
         for name in ("output", "result", "message", "outputs"):
             if isinstance(value.get(name), (dict, list)):
                 try:
@@ -431,50 +528,84 @@ def _indexed_messages(attributes: dict[str, Any]) -> dict[str, list[tuple[str, O
     return out
 
 
-def openinference_texts(attributes: dict[str, Any]) -> tuple[str, str]:
+def openinference_texts(attributes: dict[str, Any], turns: Optional[list] = None) -> tuple[str, str]:
     """(question, answer) of an OpenInference span: ``llm.input_messages`` (the last user
     message) else ``input.value``; ``llm.output_messages`` (the assistant's text) else
     ``output.value`` (an OpenAI request / response JSON, a chain's inputs / outputs, or
-    plain text; see :func:`question_of`, :func:`answer_of`). Raises Unreadable."""
+    plain text; see :func:`question_of`, :func:`answer_of`; a CHAIN's or AGENT's ``input.value``
+    comes first when it reads); the earlier turns into ``turns``.
+    Raises Unreadable."""
     indexed = _indexed_messages(attributes)
     messages, outputs = indexed.get("llm.input_messages"), indexed.get("llm.output_messages")
-    question = last_user_text(messages) if messages is not None else question_of(_value(attributes, A.INPUT_VALUE, "input.mime_type"))
+    question = None
+    if (
+        messages is not None
+        and A.INPUT_VALUE in attributes
+        and attributes.get(A.OPENINFERENCE_SPAN_KIND) in ("CHAIN", "AGENT")
+    ):
+        # a chain's or agent's input.value holds its whole input; the LangChain instrumentation's
+        # llm.input_messages on a LangGraph chain hold only the state's first message
+        try:
+            question = question_of(_value(attributes, A.INPUT_VALUE, "input.mime_type"), turns=turns)
+        except Unreadable:
+            question = None
+    if question is None:
+        question = (
+            _last_turn(messages, turns)
+            if messages is not None
+            else question_of(_value(attributes, A.INPUT_VALUE, "input.mime_type"), turns=turns)
+        )
     answer = assistant_text(outputs) if outputs is not None else answer_of(_value(attributes, A.OUTPUT_VALUE, "output.mime_type"))
     return question, answer
 
 
-def vercel_texts(attributes: dict[str, Any]) -> tuple[str, str]:
+def vercel_texts(attributes: dict[str, Any], turns: Optional[list] = None) -> tuple[str, str]:
     """(question, answer) of a Vercel AI SDK span (``experimental_telemetry``):
     ``ai.prompt.messages`` (provider-level ``doGenerate`` / ``doStream`` spans) or ``ai.prompt``
     (``{"system", "prompt" | "messages"}`` on ``ai.generateText`` / ``ai.streamText``): the
     last user message or the prompt string, never ``system``; the answer ``ai.response.text``.
     Raises Unreadable."""
     if "ai.prompt.messages" in attributes:
-        question = question_of(_value(attributes, "ai.prompt.messages"))
+        question = question_of(_value(attributes, "ai.prompt.messages"), turns=turns)
     else:
         prompt = _value(attributes, "ai.prompt")
-        question = question_of(prompt if not isinstance(prompt, dict) else {k: v for k, v in prompt.items() if k != "system"})
+        question = question_of(
+            prompt if not isinstance(prompt, dict) else {k: v for k, v in prompt.items() if k != "system"}, turns=turns
+        )
     text = attributes.get("ai.response.text")
     if not isinstance(text, str) or not text.strip():
         raise Unreadable(TOOL_CALL if attributes.get("ai.response.toolCalls") else NO_ANSWER)
     return question, text
 
 
-def langfuse_texts(attributes: dict[str, Any]) -> tuple[str, str]:
+def langfuse_texts(attributes: dict[str, Any], turns: Optional[list] = None) -> tuple[str, str]:
     """(question, answer) of a span exported by the Langfuse SDK: ``langfuse.observation.input``
     / ``.output`` (JSON: a generation's chat messages and reply message, or an ``@observe``
     function's ``{"args", "kwargs"}`` and return value). Raises Unreadable."""
-    return question_of(_value(attributes, LANGFUSE_INPUT, serialised=True)), answer_of(_value(attributes, LANGFUSE_OUTPUT, serialised=True))
+    return question_of(_value(attributes, LANGFUSE_INPUT, serialised=True), turns=turns), answer_of(
+        _value(attributes, LANGFUSE_OUTPUT, serialised=True)
+    )
 
 
-def traceloop_texts(attributes: dict[str, Any]) -> tuple[str, str]:
+def traceloop_texts(attributes: dict[str, Any], turns: Optional[list] = None) -> tuple[str, str]:
     """(question, answer) of a Traceloop ``@workflow`` or ``@agent`` span (``traceloop-sdk``):
     ``traceloop.entity.input`` (JSON ``{"args": [...], "kwargs": {...}}``: a function of one
     argument, a question or chat messages, whose last user turn is the question; a method's
     ``self`` before it is dropped, :func:`without_self`) and ``traceloop.entity.output`` (JSON
     of the return value: text, a chat completion, a message). Raises Unreadable."""
     value = without_self(_value(attributes, TRACELOOP_INPUT, serialised=True), str(attributes.get("traceloop.entity.name") or ""))
-    return question_of(value), answer_of(_value(attributes, TRACELOOP_OUTPUT, serialised=True))
+    return question_of(value, turns=turns), answer_of(_value(attributes, TRACELOOP_OUTPUT, serialised=True))
+
+
+def mlflow_texts(attributes: dict[str, Any], turns: Optional[list] = None) -> tuple[str, str]:
+    """(question, answer) of an MLflow span (``mlflow-tracing``'s OTLP export):
+    ``mlflow.spanInputs`` / ``mlflow.spanOutputs``, JSON of a traced function's arguments by name
+    (``{"messages": [...]}``, ``{"question": ...}``) or of an autologged client call's request
+    (an OpenAI chat request: the last user message) and its return value (text, a chat
+    completion, a message). Raises Unreadable."""
+    return question_of(_value(attributes, MLFLOW_INPUTS, serialised=True), turns=turns), answer_of(
+        _value(attributes, MLFLOW_OUTPUTS, serialised=True)
+    )
 
 
 def without_self(value: Any, entity_name: str) -> Any:
@@ -521,19 +652,34 @@ def _message_texts(messages: Any) -> list[tuple[str, str]]:
     return [(role, text) for role, text, _ in found if text and text.strip()]
 
 
-def genai_texts(attributes: dict[str, Any]) -> Optional[tuple[str, str]]:
-    """(question, answer) from GenAI semantic-convention attributes, or None."""
+def _genai_messages(value: Any) -> list[tuple[str, Optional[str], bool]]:
+    return [m for m in (_message(item) for item in value) if m is not None] if isinstance(value, list) else []
+
+
+def genai_texts(attributes: dict[str, Any], turns: Optional[list] = None) -> Optional[tuple[str, str]]:
+    """(question, answer) from GenAI semantic-convention attributes, or None; the earlier turns
+    into ``turns``. Raises Unreadable(tool_call) when the output messages only call tools."""
     question = answer = None
     if "gen_ai.input.messages" in attributes:
-        users = [text for role, text in _message_texts(_load(attributes["gen_ai.input.messages"])) if role == "user"]
+        inputs = _genai_messages(_load(attributes["gen_ai.input.messages"]))
+        users = [text for role, text, _ in inputs if role == "user" and text and text.strip()]
         question = users[-1] if users else None
+        if question is not None and turns is not None:
+            turns[:] = history_of(inputs)
     if "gen_ai.output.messages" in attributes:
-        outputs = _message_texts(_load(attributes["gen_ai.output.messages"]))
-        answer = "".join(text for role, text in outputs if role in ("assistant", "")) or None
+        outputs = _genai_messages(_load(attributes["gen_ai.output.messages"]))
+        answer = (
+            "".join(text for role, text, _ in outputs if role in ("assistant", "") and text and text.strip()) or None
+        )
+        if answer is None and any(tool for _, _, tool in outputs):
+            raise Unreadable(TOOL_CALL)
     if question is None and "gen_ai.prompt" in attributes:
         prompt = _load(attributes["gen_ai.prompt"])
-        users = [text for role, text in _message_texts(prompt) if role == "user"] if isinstance(prompt, list) else []
+        messages = _genai_messages(prompt)
+        users = [text for role, text, _ in messages if role == "user" and text and text.strip()]
         question = users[-1] if users else (prompt if isinstance(prompt, str) else None)
+        if users and turns is not None:
+            turns[:] = history_of(messages)
     if answer is None and "gen_ai.completion" in attributes:
         completion = _load(attributes["gen_ai.completion"])
         texts = _message_texts(completion) if isinstance(completion, list) else []
@@ -545,13 +691,25 @@ def genai_texts(attributes: dict[str, Any]) -> Optional[tuple[str, str]]:
             if match:
                 indexed.setdefault((match.group(1), int(match.group(2))), {})[match.group(3)] = value
         if question is None:
-            prompts = [v for (kind, _), v in sorted(indexed.items()) if kind == "prompt" and v.get("role") == "user" and isinstance(v.get("content"), str)]
-            question = prompts[-1]["content"] if prompts else None
+            prompts = [
+                (str(v.get("role") or ""), v["content"] if isinstance(v.get("content"), str) else None, False)
+                for (kind, _), v in sorted(indexed.items())
+                if kind == "prompt"
+            ]
+            users = [text for role, text, _ in prompts if role == "user" and text]
+            question = users[-1] if users else None
+            if users and turns is not None:
+                turns[:] = history_of(prompts)
         if answer is None:
             completions = [v["content"] for (kind, _), v in sorted(indexed.items()) if kind == "completion" and isinstance(v.get("content"), str)]
             answer = "".join(completions) if completions else None
     if isinstance(question, str) and question.strip() and isinstance(answer, str) and answer.strip():
         return question, answer
+    if isinstance(question, str) and question.strip() and not (isinstance(answer, str) and answer.strip()):
+        reasons = attributes.get("gen_ai.response.finish_reasons")
+        reasons = reasons if isinstance(reasons, (list, tuple)) else [reasons]
+        if any(str(reason).lower() in TOOL_FINISH_REASONS for reason in reasons):
+            raise Unreadable(TOOL_CALL)  # content on the span, the reply a tool call (OpenLIT)
     return None
 
 
@@ -577,6 +735,22 @@ class Skipped:
     span: ReceivedSpan
     source: str
     reason: str
+    #: the span is an agent run (:func:`agent_run`): when it does not read, the last call
+    #: inside it is the run's answer (``decision.py``)
+    run: bool = False
+
+
+def agent_run(span: ReceivedSpan) -> bool:
+    """Whether ``span`` is an agent's run by its convention: an OpenInference AGENT, a GenAI
+    ``invoke_agent``, an MLflow AGENT, a Traceloop or Langfuse agent."""
+    attrs = span.attributes
+    return (
+        attrs.get(A.OPENINFERENCE_SPAN_KIND) == "AGENT"
+        or attrs.get("gen_ai.operation.name") == "invoke_agent"
+        or str(attrs.get(TRACELOOP_KIND) or "") == "agent"
+        or str(attrs.get(LANGFUSE_TYPE) or "") == "agent"
+        or (MLFLOW_TYPE in attrs and _load(attrs.get(MLFLOW_TYPE)) == "AGENT")
+    )
 
 
 class SpanSelector:
@@ -618,49 +792,82 @@ class SpanSelector:
         (:data:`PENDING`, None) for a GenAI inference call whose content may come as log
         events, (:data:`SKIPPED`, (source, reason)) for a span that looks like an LLM, chain or
         agent call (an OpenInference kind, a Vercel AI SDK ``ai.generateText`` / ``ai.streamText``
-        call, a Langfuse generation, agent or chain, a Traceloop workflow or agent) but yields
-        no question or answer, or (:data:`IGNORED`, None). Each value is parsed once; the cost is linear in the span's
-        attribute sizes, whatever their nesting."""
+        call, a Langfuse generation, agent or chain, a Traceloop workflow or agent, an MLflow
+        span, a GenAI span with content events) but yields no question or answer, or
+        (:data:`IGNORED`, None). Each value is parsed once; the cost is linear in the span's
+        attribute sizes, whatever their nesting. :meth:`read_turns` also gives the earlier turns."""
+        verdict, value = self.read_turns(span)
+        return (verdict, value[:3]) if verdict == CANDIDATE else (verdict, value)
+
+    def read_turns(self, span: ReceivedSpan) -> tuple[str, Any]:
+        """:meth:`read`, a candidate's value with a fourth item: the conversation's earlier turns
+        (``[{"role": "user" | "assistant", "content"}]``, oldest first; empty for one turn)."""
         attrs = span.attributes
         if not self.passes(span):
             return IGNORED, None
         source = None
         reason = UNKNOWN_JSON
+        turns: list = []
         try:
             if attrs.get(A.OPENINFERENCE_SPAN_KIND) is not None:
                 source = "openinference"
                 if A.INPUT_VALUE in attrs or A.OUTPUT_VALUE in attrs or any(k.startswith("llm.input_messages.") for k in attrs):
                     try:
-                        question, answer = openinference_texts(attrs)
-                        return CANDIDATE, (question, answer, "openinference")
+                        question, answer = openinference_texts(attrs, turns)
+                        return CANDIDATE, (question, answer, "openinference", turns)
                     except Unreadable as exc:
                         reason = exc.reason
                 else:
                     reason = NO_INPUT
             elif _vercel_call(span):
                 source = "vercel_ai"
-                question, answer = vercel_texts(attrs)
-                return CANDIDATE, (question, answer, "vercel_ai")
+                question, answer = vercel_texts(attrs, turns)
+                return CANDIDATE, (question, answer, "vercel_ai", turns)
             elif LANGFUSE_INPUT in attrs or LANGFUSE_OUTPUT in attrs or str(attrs.get(LANGFUSE_TYPE) or "") in LANGFUSE_CALLS:
                 source = "langfuse"
-                question, answer = langfuse_texts(attrs)
-                return CANDIDATE, (question, answer, "langfuse")
+                question, answer = langfuse_texts(attrs, turns)
+                return CANDIDATE, (question, answer, "langfuse", turns)
             elif str(attrs.get(TRACELOOP_KIND) or "") in TRACELOOP_CALLS:
                 source = "traceloop"
                 if TRACELOOP_INPUT not in attrs and TRACELOOP_OUTPUT not in attrs:
                     raise Unreadable(CONTENT_NOT_CAPTURED)
-                question, answer = traceloop_texts(attrs)
-                return CANDIDATE, (question, answer, "traceloop")
+                question, answer = traceloop_texts(attrs, turns)
+                return CANDIDATE, (question, answer, "traceloop", turns)
+            elif MLFLOW_TYPE in attrs or MLFLOW_INPUTS in attrs or MLFLOW_OUTPUTS in attrs:
+                source = "mlflow"
+                kind = _load(attrs.get(MLFLOW_TYPE))
+                if str(kind) in MLFLOW_STEPS:
+                    raise Unreadable(STEP)
+                if MLFLOW_INPUTS not in attrs and MLFLOW_OUTPUTS not in attrs:
+                    raise Unreadable(NO_INPUT)
+                question, answer = mlflow_texts(attrs, turns)
+                return CANDIDATE, (question, answer, "mlflow", turns)
         except Unreadable as exc:
             reason = exc.reason
         except RecursionError:  # nested too deeply to hold a question or an answer
             reason = TOO_DEEP
+        turns = []
         try:
-            found = genai_texts(attrs)
+            found = genai_texts(attrs, turns)
         except RecursionError:
             found = None
+        except Unreadable as exc:  # the output messages only call tools: counted at once
+            found = None
+            if source is None:
+                return SKIPPED, ("genai", exc.reason)
         if found is not None:
-            return CANDIDATE, (found[0], found[1], "genai")
+            return CANDIDATE, (found[0], found[1], "genai", turns)
+        if span.events and source is None:
+            from .join import events_content
+
+            if str(attrs.get("gen_ai.operation.name") or "") in GENAI_STEPS:
+                return SKIPPED, ("genai", STEP)  # a tool's call and result are not a question and answer
+            content = events_content(span)
+            if content is not None:
+                texts, why = content.outcome()
+                if texts is not None:
+                    return CANDIDATE, (texts[0], texts[1], "genai", content.history)
+                return SKIPPED, ("genai", str(why))
         if self._inference(span):
             return PENDING, None
         if source is not None:
@@ -679,13 +886,13 @@ class SpanSelector:
         spans that look like calls but yield nothing. No outermost choice, no sampling."""
         candidates, skipped = [], []
         for span in spans:
-            verdict, value = self.read(span)
+            verdict, value = self.read_turns(span)
             if verdict == CANDIDATE:
-                candidates.append(Candidate(span, value[0], value[1], None, value[2]))
+                candidates.append(Candidate(span, value[0], value[1], None, value[2], value[3]))
             elif verdict == PENDING:
                 candidates.append(Candidate(span, "", "", None, "genai-events"))
             elif verdict == SKIPPED:
-                skipped.append(Skipped(span, value[0], value[1]))
+                skipped.append(Skipped(span, value[0], value[1], agent_run(span)))
         return candidates, skipped
 
     def sampled(self, candidate: Candidate) -> bool:
