@@ -289,3 +289,27 @@ def test_cli_scores_a_history_column_in_jsonl_and_csv(server, tmp_path):
         assert results[0]["history_status"] == "read" and results[0]["history_turns"] == 2 and results[0]["standalone_question"].startswith(QUESTION)
         assert results[1]["history_status"] is None and results[1]["standalone_question"] is None
         assert results[2]["history_status"] == "invalid"
+
+
+# ------------------------------------------------------------------------- serve's jobs
+
+
+def test_a_fleet_job_carries_the_bounded_history_and_refuses_a_malformed_one():
+    from relevancy_tracer.service.jobs import ScoreRequest
+    from relevancy_tracer.service.otlp import ReceivedSpan
+    from relevancy_tracer.service.selection import Candidate
+
+    span = ReceivedSpan(trace_id="1" * 32, span_id="2" * 16, parent_span_id="", name="chat", kind=1, attributes={})
+    long_history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "y" * 3000} for i in range(40)]
+    request = ScoreRequest.from_candidate(Candidate(span, QUESTION, ANSWER, history=long_history), "ragas_judge_intent", 2000, 6000, 4, 5000)
+    assert len(request.history) <= 4 and sum(len(t["content"]) for t in request.history) <= 5000
+    assert request.history[-1]["content"].startswith("turn 39")
+    again = ScoreRequest.from_json(request.to_json())
+    assert again.history == request.history
+    single = ScoreRequest.from_candidate(Candidate(span, QUESTION, ANSWER), "ragas_judge_intent", 2000, 6000)
+    assert single.history is None and ScoreRequest.from_json(single.to_json()).history is None
+    for bad in ("text", [{"role": "system", "content": "x"}], [{"role": "user", "content": 1}], [{"role": "user", "content": "x", "extra": 1}]):
+        payload = json.loads(request.to_json())
+        payload["history"] = bad
+        with pytest.raises(ValueError, match="history"):
+            ScoreRequest.from_json(json.dumps(payload))

@@ -52,6 +52,9 @@ CONVERSATIONS = [
 ANSWERS = {"Where is Lyon?": "Lyon is in France.", "On which river is Lyon?": "Lyon is on the Rhone."}
 SYSTEM = "Answer from this context only. Context: Lyon lies on the Rhone and the Saone."
 
+#: Sources whose scored span does not hold the earlier turns (none so far: each is checked)
+NO_HISTORY: set[str] = set()
+
 #: (source, environment, convention read): the environment is a Python pins file name, or
 #: "vercel" for the Node project; the convention the service must read the calls by.
 MATRIX = [
@@ -251,6 +254,13 @@ def test_each_call_of_a_real_instrumentation_is_scored_once_with_its_question_an
     assert conventions == {convention}
     assert sorted(s["trace_id"] for s in evaluator_spans(backend.spans)) == sorted(calls)  # exactly once each
     assert all(s["attributes"]["relevancy.status"] == "scored" for s in evaluator_spans(spans))
+    # the conversation reaches the scorer: the follow-up is judged in it, the first turn alone
+    judged = {s["trace_id"]: s["attributes"] for s in evaluator_spans(backend.spans)}
+    first, follow_up = calls
+    assert "relevancy.history.status" not in judged[first], judged[first]
+    if source not in NO_HISTORY:
+        assert judged[follow_up]["relevancy.history.status"] == "read" and judged[follow_up]["relevancy.history.turns"] == 2, (source, judged[follow_up])
+        assert judged[follow_up]["relevancy.question.standalone"].startswith("On which river is Lyon?")
     if proxy is not None:
         assert proxy.dropped == 1 and proxy.resent >= 1  # a request `serve` had taken came again
     assert not service.skipped_spans, service.skipped_spans
