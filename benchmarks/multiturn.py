@@ -66,6 +66,20 @@ def row_key(row: dict) -> str:
     return f"{row['conversation_id']}:{row['turn']}"
 
 
+def per_conversation(rows: list[dict], k: int) -> list[dict]:
+    """At most ``k`` turns of each conversation, the first ``k`` in a fixed hash order of their keys."""
+    import hashlib
+
+    ranked = sorted(rows, key=lambda r: hashlib.sha256(row_key(r).encode()).hexdigest())
+    kept: dict[str, int] = {}
+    chosen = set()
+    for row in ranked:
+        if kept.get(row["conversation_id"], 0) < k:
+            kept[row["conversation_id"]] = kept.get(row["conversation_id"], 0) + 1
+            chosen.add(row_key(row))
+    return [r for r in rows if row_key(r) in chosen]
+
+
 def read_records(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -228,12 +242,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "multiturn.json")
     parser.add_argument("--concurrency", type=int, default=Settings.concurrency)
     parser.add_argument("--limit", type=int, default=None, help="first N rows only")
+    parser.add_argument("--per-conversation", type=int, default=None, help="at most K turns of each conversation (its first K in a fixed hash order): a subset that still spans every conversation")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--llm", default="local")
     parser.add_argument("--embeddings", default="local")
     parser.add_argument("--in-process", action="store_true", help="run the local models in this process, not the shared model host (whose SCHED_IDLE priority starves on a busy machine)")
     args = parser.parse_args(argv)
     rows = load_rows(args.data)[: args.limit]
+    if args.per_conversation:
+        rows = per_conversation(rows, args.per_conversation)
     if not args.report_only:
         from relevancy_tracer.scoring.engine import Engine
 
@@ -246,7 +263,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     reports = report(read_records(args.records), rows)
     print(markdown(reports))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    data = {"data": (args.data.name if args.data else "multiturn_dev.jsonl"), "rows": len(rows), "reports": reports}
+    data = {"data": (args.data.name if args.data else "multiturn_dev.jsonl"), "rows": len(rows), "per_conversation": args.per_conversation, "reports": reports}
     args.out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return 0
 

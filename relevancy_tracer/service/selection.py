@@ -314,6 +314,23 @@ def history_of(messages: list[tuple[str, Optional[str], bool]]) -> list[dict]:
     ]
 
 
+#: Fields beside a question that hold the conversation's earlier turns as chat messages
+#: (LlamaIndex's chat engines: ``{"message", "chat_history"}``; a LangChain prompt's
+#: ``{"question", "history"}`` variables)
+HISTORY_FIELDS = ("chat_history", "history")
+
+
+def sibling_history(value: dict) -> list[dict]:
+    """The earlier turns in a :data:`HISTORY_FIELDS` field of chat messages beside the
+    question (every user and assistant message with text: they all precede it); empty when
+    there is none."""
+    for name in HISTORY_FIELDS:
+        messages = _messages(value.get(name))
+        if messages:
+            return [{"role": role, "content": text} for role, text, _ in messages if role in ("user", "assistant") and text and text.strip()]
+    return []
+
+
 def assistant_text(messages: list[tuple[str, Optional[str], bool]]) -> str:
     """The assistant's reply text (every assistant or role-less message's text, joined).
     Raises Unreadable(tool_call) when it only calls tools, Unreadable(no_answer) otherwise."""
@@ -365,7 +382,10 @@ def question_of(value: Any, depth: int = 0, turns: Optional[list] = None) -> str
         for name in QUESTION_FIELDS:
             field_value = value.get(name)
             if isinstance(field_value, str) and field_value.strip():
-                return question_of(field_value, depth + 1, turns)  # a repr is refused there
+                question = question_of(field_value, depth + 1, turns)  # a repr is refused there
+                if turns is not None:
+                    turns[:] = sibling_history(value)
+                return question
         for name in ("messages", "prompt"):
             messages = _messages(value.get(name))
             if messages is not None:
