@@ -25,7 +25,9 @@ Example::
 
 Script items: a ``str`` (200 with that message content), :class:`Status` (an HTTP error),
 :class:`Delay` (wait, then another item), :class:`Drop` (close the connection without a reply),
-:class:`Hang` (never reply until the server stops), :class:`Raw` (a 200 with any JSON body).
+:class:`Hang` (never reply until the server stops), :class:`Raw` (a 200 with any JSON body),
+:class:`Dribble` (a valid reply a byte at a time), :class:`Endless` (a chunked body that never
+ends), :class:`Huge` (a reply of any size, generated as it is sent).
 """
 
 from __future__ import annotations
@@ -98,7 +100,35 @@ class Raw:
     body: Any
 
 
-ScriptItem = Union[str, Status, Delay, Gate, Drop, Hang, Raw]
+@dataclass
+class Dribble:
+    """Reply 200 with a valid reply (the default responder's), its body sent ``size`` bytes
+    every ``interval`` seconds: a reply that arrives, slowly, for ever or nearly."""
+
+    interval: float = 0.3
+    size: int = 1
+
+
+@dataclass
+class Endless:
+    """Reply 200 with a chunked body that never ends: a chunk of ``size`` bytes every
+    ``interval`` seconds until the client goes away or the server stops."""
+
+    interval: float = 0.1
+    size: int = 1
+
+
+@dataclass
+class Huge:
+    """Reply 200 with a JSON body of ``size`` bytes (a chat completion whose content is
+    ``size`` bytes long), generated 1 MiB at a time, so the server holds none of it; with
+    ``Content-Length`` unless ``chunked``. Stops when the client goes away."""
+
+    size: int
+    chunked: bool = False
+
+
+ScriptItem = Union[str, Status, Delay, Gate, Drop, Hang, Raw, Dribble, Endless, Huge]
 
 
 class Script:
@@ -342,6 +372,49 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_hostile(self, owner: "FakeOpenAIServer", kind: str, body: dict, item: Any) -> None:
+        """A :class:`Dribble`, :class:`Endless` or :class:`Huge` reply."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        if isinstance(item, Dribble):
+            reply = owner._chat_response(body, None) if kind == "chat" else owner._embedding_response(body)
+            data = json.dumps(reply).encode("utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            for start in range(0, len(data), item.size):
+                if owner._stopped.wait(item.interval):
+                    return
+                self.wfile.write(data[start : start + item.size])
+                self.wfile.flush()
+            return
+        if isinstance(item, Endless):
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            while not owner._stopped.wait(item.interval):
+                self.wfile.write(b"%x\r\n%s\r\n" % (item.size, b" " * item.size))
+                self.wfile.flush()
+            return
+        head = b'{"id": "huge", "object": "chat.completion", "created": 0, "model": "fake-chat", "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "'
+        tail = b'"}}], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}'
+        filler = item.size - len(head) - len(tail)
+        if item.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(item.size))
+        self.end_headers()
+        block = b"x" * (1 << 20)
+
+        def send(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if item.chunked else data)
+
+        send(head)
+        while filler > 0 and not owner._stopped.is_set():
+            send(block[: min(filler, len(block))])
+            filler -= len(block)
+        send(tail)
+        if item.chunked:
+            self.wfile.write(b"0\r\n\r\n")
+
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         if self.path.rstrip("/").endswith("/models"):
             self._send_json(200, {"object": "list", "data": [{"id": "fake-chat", "object": "model"}, {"id": "fake-embed", "object": "model"}]})
@@ -400,6 +473,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if isinstance(item, Raw):
             self._send_json(200, item.body)
+            return
+        if isinstance(item, (Dribble, Endless, Huge)):
+            try:
+                self._send_hostile(owner, kind, body, item)
+            except OSError:  # the client went away: what these replies are for
+                pass
+            self.close_connection = True
             return
         if kind == "chat" and body.get("stream"):
             self._send_stream(owner._chat_response(body, item), bool((body.get("stream_options") or {}).get("include_usage")))
