@@ -102,6 +102,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def token_problem(token: Optional[str]) -> Optional[str]:
+    """Why a bearer token can never match, or None when it can (or is unset). A client sends
+    ``Authorization: Bearer <token>`` as an HTTP header or gRPC metadata, whose values are
+    printable ASCII (gRPC: 0x20-0x7E; surrounding whitespace is dropped by both): a token with
+    another character (a newline inside, a control or non-ASCII character) is never received
+    as it was set. Surrounding whitespace is stripped by the setting itself."""
+    if token is None:
+        return None
+    if not token.strip():
+        return "is empty"
+    for index, char in enumerate(token):
+        if not " " <= char <= "~":
+            return f"holds {char!r} at character {index + 1} (not printable ASCII)"
+    if token != token.strip():
+        return "starts or ends with whitespace"
+    return None
+
+
 class ScoringService:
     """The OTLP receiver with its queue and, in process, its scorers.
 
@@ -122,7 +140,8 @@ class ScoringService:
             from the settings' ``max_request_bytes`` and ``receiver_*``).
 
     Raises:
-        ValueError: a non-loopback ``host`` without ``service_token`` and without
+        ValueError: a ``service_token`` no client can send (see :func:`token_problem`); a
+            non-loopback ``host`` without ``service_token`` and without
             ``allow_unauthenticated`` (anyone reaching the port would spend the model budget);
             only one of ``tls_cert`` / ``tls_key``.
         OSError: from :meth:`start` when a port is taken or the TLS files cannot be loaded.
@@ -144,6 +163,9 @@ class ScoringService:
     ):
         self.settings = settings or Settings.resolve()
         s = self.settings
+        unsendable = token_problem(s.service_token)
+        if unsendable:
+            raise ValueError(f"the service token (RELEVANCY_TRACER_SERVICE_TOKEN) {unsendable}: no client could authenticate; use printable ASCII (e.g. `openssl rand -hex 32`)")
         if not s.service_token and not allow_unauthenticated and not is_loopback(host):
             raise ValueError(f"serve on {host} without a service token would let anyone who reaches the port spend the model budget: set RELEVANCY_TRACER_SERVICE_TOKEN (clients send Authorization: Bearer <token>), or pass --allow-unauthenticated when a Collector in front authenticates")
         if s.service_token and not tls_cert and not is_loopback(host):
