@@ -1093,3 +1093,59 @@ def test_accepts_failing_for_want_of_descriptors_are_counted_and_logged_once_per
         assert reasons == ["out_of_file_descriptors"] * 500 and service.refused == 500
     finally:
         service.stop(5)
+
+
+def test_serve_refuses_a_huge_model_reply_as_a_model_error(serve, model, backend):
+    """Issue 42, round of our own: the reply cap holds on `serve`'s path. A 50 MB chunked
+    reply from the judge (the default `llm_max_reply_bytes`, 8 MiB) ends that span's
+    evaluation as an error (`model_error` naming the setting) on its EVALUATOR span; `serve`
+    stays up and scores the next span."""
+    from relevancy_tracer_testing import Huge
+
+    model.chat.push(Huge(50_000_000, chunked=True))
+    spans = [chain_span("Where is Brest?", "Brest is in Brittany."), chain_span("Where is Metz?", "Metz is in Lorraine.")]
+    for span in spans:
+        assert serve.post(export_request(span).SerializeToString())[0] == 200
+    keys = [(span.trace_id.hex(), span.span_id.hex()) for span in spans]
+    found = evaluations_of(backend.wait_for_spans(lambda s: all(k in evaluations_of(s) for k in keys), timeout=60))
+    failed, scored = sorted((found[k]["attributes"] for k in keys), key=lambda a: a[A.STATUS] != "error")  # either may meet the huge reply
+    assert failed[A.STATUS] == "error" and failed[A.ERROR_TYPE] == "model_error", failed
+    assert "llm_max_reply_bytes" in str(failed.get(A.ERROR)), failed
+    assert scored[A.STATUS] == "scored" and serve.alive()
+
+
+def _length_delimited(tag: int, payload: bytes) -> bytes:
+    """One protobuf length-delimited field (``tag`` is the key byte) holding ``payload``."""
+    size, varint = len(payload), b""
+    while True:
+        low, size = size & 0x7F, size >> 7
+        varint += bytes([low | 0x80 if size else low])
+        if not size:
+            return bytes([tag]) + varint + payload
+
+
+def test_a_deeply_nested_protobuf_value_and_zero_length_ids_are_answered(serve):
+    """Issue 42, round of our own: a span attribute whose AnyValue nests arrays 50, 1,000 and
+    100,000 deep (built as bytes: no protobuf encoder would), on HTTP and gRPC: 400 /
+    INVALID_ARGUMENT at once from upb's depth limit, nothing decoded; spans with zero-length
+    trace or span ids: 200 with `partial_success.rejected_spans`, the valid span of the same
+    request taken."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    for depth in (50, 1_000, 100_000):
+        value = common_pb2.AnyValue(string_value="x").SerializeToString()
+        for _ in range(depth):  # AnyValue.array_value (5) -> ArrayValue.values (1) -> AnyValue
+            value = _length_delimited(0x2A, _length_delimited(0x0A, value))
+        attribute = common_pb2.KeyValue(key="deep").SerializeToString() + _length_delimited(0x12, value)
+        span = chain_span("Where is Caen?", "Caen is in Normandy.").SerializeToString() + _length_delimited(0x4A, attribute)
+        body = _length_delimited(0x0A, _length_delimited(0x12, _length_delimited(0x12, span)))
+        assert_status(serve.post(body), 400, "protobuf")
+        assert grpc_call(serve, body)[0] == grpc.StatusCode.INVALID_ARGUMENT
+    spans = [chain_span("Where is Vannes?", "In Brittany."), chain_span("q?", "a.", trace_id=b""), chain_span("q?", "a.", span_id=b"")]
+    for call in (lambda body: serve.post(body), lambda body: grpc_call(serve, body)):
+        reply = call(export_request(*spans).SerializeToString())
+        response = ExportTraceServiceResponse.FromString(reply[2])
+        assert reply[0] in (200, grpc.StatusCode.OK) and response.partial_success.rejected_spans == 2, reply[:2]
+    assert serve.alive()
