@@ -618,3 +618,24 @@ def test_a_paused_worker_whose_job_was_reclaimed_does_not_write_a_second_result(
     output = logs[0].read_text()
     assert "reclaimed" in output or "finished" in output, output
     assert "Traceback" not in output + logs[1].read_text()
+
+
+def test_a_worker_whose_redis_user_may_not_run_scripts_scores_each_job_once(server, backend, redis_server, client, caplog):
+    """Issue 42, round of our own: a Redis ACL user without `+@scripting` (the Lua checks of a
+    job's ownership answer NOPERM). The worker logs it once, checks ownership with separate
+    commands, and scores each job once: 3 jobs, 3 model calls, 3 EVALUATOR spans."""
+    import logging
+
+    client.acl_setuser("fleet", enabled=True, passwords=["+fleet-pw"], keys=["*"], channels=["*"], commands=["+@all", "-@scripting"])
+    url = redis_server.url.replace("redis://", "redis://fleet:fleet-pw@", 1)
+    jobs = [job(i) for i in range(3)]
+    enqueue(client, jobs)
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        with workers(url, openai_settings(server), claim_idle=0.4) as (worker,):
+            wait_until(lambda: settled(client), 30, "the jobs scored")
+    assert worker.scored == 3 and len(server.requests_to("chat")) == 3
+    by_id = evaluations_by_id(backend, 3)
+    assert set(by_id) == {j.evaluation_id for j in jobs} and all(len(v) == 1 for v in by_id.values())
+    warnings = [r.getMessage() for r in caplog.records if "may not run Lua scripts" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]

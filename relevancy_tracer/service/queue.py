@@ -145,6 +145,7 @@ class RedisStreamQueue:
         self._claim_cursor = "-"
         self._extend_held = self.redis.register_script(_EXTEND_HELD)
         self._may_write = self.redis.register_script(_MAY_WRITE)
+        self._scripts_allowed = True  # False once Redis said NOPERM (an ACL without +@scripting)
         try:
             self._create_group()
         except redis.RedisError as exc:  # Redis full or unreachable: the first read creates it
@@ -292,7 +293,42 @@ class RedisStreamQueue:
         Checked and extended in one Lua script: a job another worker reclaimed meanwhile (this
         one was paused past ``claim_idle``) is not taken back."""
         if entry_ids:
-            self._grouped(lambda: self._extend_held(keys=[self.stream], args=[self.group, consumer, *entry_ids]))
+            self._scripted(lambda: self._extend_held(keys=[self.stream], args=[self.group, consumer, *entry_ids]), lambda: self._extend_held_unscripted(consumer, entry_ids))
+
+    def _holder(self, entry_id: str) -> Optional[str]:
+        """The consumer holding the pending entry ``entry_id``, or None when it is not pending."""
+        pending = self.redis.xpending_range(self.stream, self.group, entry_id, entry_id, 1)
+        return _text(pending[0]["consumer"]) if pending else None
+
+    def _extend_held_unscripted(self, consumer: str, entry_ids: list[str]) -> None:
+        """:meth:`extend` for a Redis user that may not run scripts: the same checks, not atomic."""
+        mine = [entry_id for entry_id in entry_ids if self._holder(entry_id) == consumer]
+        if mine:
+            self.redis.xclaim(self.stream, self.group, consumer, 0, mine, justid=True)
+
+    def _may_write_unscripted(self, consumer: str, entry_id: str, done_key: str) -> str:
+        """:meth:`may_write` for a Redis user that may not run scripts: the same checks, not atomic."""
+        if self.redis.exists(done_key):
+            return "done"
+        if self._holder(entry_id) != consumer:
+            return "lost"
+        self.redis.xclaim(self.stream, self.group, consumer, 0, [entry_id], justid=True)
+        return "held"
+
+    def _scripted(self, scripted: Callable[[], Any], unscripted: Callable[[], Any]) -> Any:
+        """Run ``scripted`` (a Lua script), or ``unscripted`` when the Redis user may not run
+        scripts (an ACL without ``+@scripting``: ``NOPERM``); that is logged once, and from then
+        on the checks run as separate commands (not atomic: a worker paused between them could
+        still write a result twice)."""
+        if self._scripts_allowed:
+            try:
+                return self._grouped(scripted)
+            except Exception as exc:
+                if "NOPERM" not in str(exc) and type(exc).__name__ != "NoPermissionError":
+                    raise
+                self._scripts_allowed = False
+                logger.warning("relevancy-tracer: the Redis user may not run Lua scripts (%s); a job's ownership is checked with separate commands, not atomically: allow +evalsha and +eval (or +@scripting) for the worker's user", describe_redis_error(exc))
+        return self._grouped(unscripted)
 
     def may_write(self, consumer: str, entry_id: str, evaluation_id: Optional[str]) -> str:
         """Whether ``consumer`` may write the result of the job ``entry_id`` now: ``held`` (it
@@ -302,7 +338,7 @@ class RedisStreamQueue:
         ``claim_idle``). Checked atomically (one Lua script), so of two workers that scored the
         same job one writes. Raises ``redis.RedisError`` (unreachable, out of memory)."""
         done_key = DONE_PREFIX + (evaluation_id or "")
-        answer = self._grouped(lambda: self._may_write(keys=[self.stream, done_key], args=[self.group, consumer, entry_id]))
+        answer = self._scripted(lambda: self._may_write(keys=[self.stream, done_key], args=[self.group, consumer, entry_id]), lambda: self._may_write_unscripted(consumer, entry_id, done_key))
         return answer.decode() if isinstance(answer, bytes) else str(answer)
 
     def is_done(self, evaluation_id: str) -> bool:
