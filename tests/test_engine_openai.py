@@ -451,3 +451,37 @@ def test_the_reply_bound_defaults_agree():
     from relevancy_tracer.models.openai_compat import DEFAULT_MAX_REPLY_BYTES
 
     assert Settings().llm_max_reply_bytes == DEFAULT_MAX_REPLY_BYTES
+
+
+@pytest.mark.parametrize("loop", ["caller", "owned"])
+def test_cancelling_an_evaluation_while_its_reply_streams_closes_the_request(server, loop):
+    """Issue 42, round of our own: `ascore()` cancelled while a chunked reply is still arriving
+    (openai's httpx client on a caller's loop; the aiohttp client on this package's loop): the
+    cancellation propagates at once and the request's connection is closed, so the server's
+    handler ends (nothing keeps reading an endless body in the background)."""
+    import asyncio
+
+    from relevancy_tracer._background.loop import process_loop
+    from relevancy_tracer_testing import Endless
+
+    from ._observability import wait_until
+
+    engine = Engine(openai_settings(server, llm_timeout=60.0, llm_max_retries=0))
+    server.chat.push(Endless(0.05))
+
+    async def cancel_mid_reply() -> bool:
+        task = asyncio.ensure_future(engine.ascore(Q, GOOD))
+        assert await asyncio.to_thread(server.wait_for_requests, "chat", 1, 10)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    if loop == "caller":
+        cancelled = asyncio.run(cancel_mid_reply())
+    else:
+        cancelled = asyncio.run_coroutine_threadsafe(cancel_mid_reply(), process_loop().loop()).result(30)
+    assert cancelled
+    wait_until(lambda: server.in_flight == 0, 10, "the server's handler to see the connection closed")
