@@ -27,7 +27,8 @@ Script items: a ``str`` (200 with that message content), :class:`Status` (an HTT
 :class:`Delay` (wait, then another item), :class:`Drop` (close the connection without a reply),
 :class:`Hang` (never reply until the server stops), :class:`Raw` (a 200 with any JSON body),
 :class:`Dribble` (a valid reply a byte at a time), :class:`Endless` (a chunked body that never
-ends), :class:`Huge` (a reply of any size, generated as it is sent).
+ends), :class:`Huge` (a reply of any size, generated as it is sent), :class:`Gzipped` (a gzip
+reply, or a gzip bomb).
 """
 
 from __future__ import annotations
@@ -128,7 +129,16 @@ class Huge:
     chunked: bool = False
 
 
-ScriptItem = Union[str, Status, Delay, Gate, Drop, Hang, Raw, Dribble, Endless, Huge]
+@dataclass
+class Gzipped:
+    """Reply 200 with ``Content-Encoding: gzip``: the default reply compressed, or, with
+    ``bomb`` set, a gzip stream inflating to ``bomb`` bytes of spaces (compressed as it is sent:
+    about 1 KB on the wire per MB inflated)."""
+
+    bomb: int = 0
+
+
+ScriptItem = Union[str, Status, Delay, Gate, Drop, Hang, Raw, Dribble, Endless, Huge, Gzipped]
 
 
 class Script:
@@ -387,6 +397,29 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(data[start : start + item.size])
                 self.wfile.flush()
             return
+        if isinstance(item, Gzipped):
+            import zlib
+
+            compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+            def chunk(data: bytes) -> None:
+                if data:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+            if item.bomb:
+                block, left = b" " * (1 << 20), item.bomb
+                while left > 0 and not owner._stopped.is_set():
+                    chunk(compressor.compress(block[: min(left, len(block))]))
+                    left -= len(block)
+            else:
+                reply = owner._chat_response(body, None) if kind == "chat" else owner._embedding_response(body)
+                chunk(compressor.compress(json.dumps(reply).encode("utf-8")))
+            chunk(compressor.flush())
+            self.wfile.write(b"0\r\n\r\n")
+            return
         if isinstance(item, Endless):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
@@ -474,7 +507,7 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(item, Raw):
             self._send_json(200, item.body)
             return
-        if isinstance(item, (Dribble, Endless, Huge)):
+        if isinstance(item, (Dribble, Endless, Huge, Gzipped)):
             try:
                 self._send_hostile(owner, kind, body, item)
             except OSError:  # the client went away: what these replies are for

@@ -485,3 +485,26 @@ def test_cancelling_an_evaluation_while_its_reply_streams_closes_the_request(ser
         cancelled = asyncio.run_coroutine_threadsafe(cancel_mid_reply(), process_loop().loop()).result(30)
     assert cancelled
     wait_until(lambda: server.in_flight == 0, 10, "the server's handler to see the connection closed")
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_a_gzip_reply_is_inflated_and_a_gzip_bomb_is_cut_at_the_reply_bound(server, transport):
+    """Issue 42, item 3 (compressed): a gzip reply is inflated and scored; a gzip stream
+    inflating to 1 GB (about 1 MB on the wire) is inflated chunk by chunk only up to
+    `llm_max_reply_bytes` (1 MiB here) and refused as `model_error`, on both transports."""
+    import asyncio
+
+    from relevancy_tracer_testing import Gzipped
+
+    engine = Engine(openai_settings(server, llm_max_retries=0, llm_max_reply_bytes=1 << 20))
+
+    def score():
+        if transport == "aiohttp":
+            return engine.score(Q, GOOD)
+        return asyncio.run(engine.ascore(Q, GOOD))
+
+    server.chat.push(Gzipped())
+    assert score().status == Status.SCORED
+    server.chat.push(Gzipped(bomb=1 << 30))
+    result = _score_in_thread(score, 60)
+    assert result.status == Status.MODEL_ERROR and "llm_max_reply_bytes" in result.error, (result.status, result.error)

@@ -87,16 +87,32 @@ class BoundedTransport(_http.AsyncBaseTransport):
         try:
             length = response.headers.get("content-length", "")
             if length.strip().isdigit() and int(length) > self.max_bytes:
-                raise ReplyTooLarge(f"the model's reply of {int(length)} bytes is above llm_max_reply_bytes ({self.max_bytes}); refused unread")
+                raise ReplyTooLarge(
+                    f"the model's reply of {int(length)} bytes is above llm_max_reply_bytes ({self.max_bytes}); "
+                    "refused unread"
+                )
             encoding = response.headers.get("content-encoding", "").strip().lower()
             if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
-                raise ReplyEncodingRefused(f"the model's reply is in content encoding {encoding[:40]!r}, not one asked for ({ACCEPTED_ENCODINGS})")
+                raise ReplyEncodingRefused(
+                    f"the model's reply is in content encoding {encoding[:40]!r}, "
+                    f"not one asked for ({ACCEPTED_ENCODINGS})"
+                )
         except BaseException:
             await response.aclose()
             raise
-        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")] if encoding not in ("", "identity") else response.headers
-        body = _BoundedStream(response.stream, deadline, self.timeout, self.max_bytes, encoding not in ("", "identity"), request)
-        return http.Response(status_code=response.status_code, headers=headers, stream=body, extensions=response.extensions, request=request)
+        inflate = encoding not in ("", "identity")
+        headers = response.headers
+        if inflate:  # inflated here: the client must not inflate again, nor expect the wire length
+            dropped = ("content-encoding", "content-length")
+            headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in dropped]
+        body = _BoundedStream(response.stream, deadline, self.timeout, self.max_bytes, inflate, request)
+        return http.Response(
+            status_code=response.status_code,
+            headers=headers,
+            stream=body,
+            extensions=response.extensions,
+            request=request,
+        )
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -129,7 +145,8 @@ class _BoundedStream(_http.AsyncByteStream):
             except StopAsyncIteration:
                 break
             except TimeoutError:
-                raise http.ReadTimeout(f"the reply did not end within llm_timeout ({self._timeout:g} s)", request=self._request) from None
+                message = f"the reply did not end within llm_timeout ({self._timeout:g} s)"
+                raise http.ReadTimeout(message, request=self._request) from None
             if inflater is None:
                 total += len(chunk)
                 self._check(total)
@@ -139,7 +156,8 @@ class _BoundedStream(_http.AsyncByteStream):
                 try:
                     piece = inflater.decompress(chunk, self._max - total + 1)
                 except zlib.error as exc:
-                    raise http.DecodingError(f"the reply's compressed body is corrupt: {exc}", request=self._request) from None
+                    message = f"the reply's compressed body is corrupt: {exc}"
+                    raise http.DecodingError(message, request=self._request) from None
                 total += len(piece)
                 self._check(total)
                 if piece:
@@ -154,7 +172,9 @@ class _BoundedStream(_http.AsyncByteStream):
 
     def _check(self, total: int) -> None:
         if total > self._max:
-            raise ReplyTooLarge(f"the model's reply is above llm_max_reply_bytes ({self._max} bytes); cut there, the rest unread")
+            raise ReplyTooLarge(
+                f"the model's reply is above llm_max_reply_bytes ({self._max} bytes); cut there, the rest unread"
+            )
 
     async def aclose(self) -> None:
         await self._inner.aclose()
