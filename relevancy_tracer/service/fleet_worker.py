@@ -216,7 +216,10 @@ class FleetWorker:
         try:
             state = self.queue.may_write(self.consumer, delivery.entry_id, evaluation_id)
         except Exception as exc:
-            logger.warning("relevancy-tracer worker: cannot check that job %s is still held (%s); writing its result", delivery.entry_id, describe_redis_error(exc))
+            logger.warning(
+                "relevancy-tracer worker: cannot check that job %s is still held (%s); writing its result",
+                delivery.entry_id, describe_redis_error(exc),
+            )
             return True
         if state == "held":
             return True
@@ -224,7 +227,11 @@ class FleetWorker:
         self.telemetry.dropped_results.add(1, {"error.type": "job_" + state})
         with self._held_lock:
             self._held.pop(delivery.entry_id, None)
-        logger.warning("relevancy-tracer worker: job %s was %s by another worker while this one scored it (paused longer than --claim-idle?); its result is dropped", delivery.entry_id, "finished" if state == "done" else "reclaimed")
+        logger.warning(
+            "relevancy-tracer worker: job %s was %s by another worker while this one scored it"
+            " (paused longer than --claim-idle?); its result is dropped",
+            delivery.entry_id, "finished" if state == "done" else "reclaimed",
+        )
         return False
 
     def _failed(self, delivery: Any, error: str, error_type: str) -> None:

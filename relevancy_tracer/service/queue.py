@@ -293,7 +293,10 @@ class RedisStreamQueue:
         Checked and extended in one Lua script: a job another worker reclaimed meanwhile (this
         one was paused past ``claim_idle``) is not taken back."""
         if entry_ids:
-            self._scripted(lambda: self._extend_held(keys=[self.stream], args=[self.group, consumer, *entry_ids]), lambda: self._extend_held_unscripted(consumer, entry_ids))
+            self._scripted(
+                lambda: self._extend_held(keys=[self.stream], args=[self.group, consumer, *entry_ids]),
+                lambda: self._extend_held_unscripted(consumer, entry_ids),
+            )
 
     def _holder(self, entry_id: str) -> Optional[str]:
         """The consumer holding the pending entry ``entry_id``, or None when it is not pending."""
@@ -327,7 +330,11 @@ class RedisStreamQueue:
                 if "NOPERM" not in str(exc) and type(exc).__name__ != "NoPermissionError":
                     raise
                 self._scripts_allowed = False
-                logger.warning("relevancy-tracer: the Redis user may not run Lua scripts (%s); a job's ownership is checked with separate commands, not atomically: allow +evalsha and +eval (or +@scripting) for the worker's user", describe_redis_error(exc))
+                logger.warning(
+                    "relevancy-tracer: the Redis user may not run Lua scripts (%s); a job's ownership is checked with"
+                    " separate commands, not atomically: allow +evalsha and +eval (or +@scripting) for the worker's user",
+                    describe_redis_error(exc),
+                )
         return self._grouped(unscripted)
 
     def may_write(self, consumer: str, entry_id: str, evaluation_id: Optional[str]) -> str:
@@ -338,7 +345,10 @@ class RedisStreamQueue:
         ``claim_idle``). Checked atomically (one Lua script), so of two workers that scored the
         same job one writes. Raises ``redis.RedisError`` (unreachable, out of memory)."""
         done_key = DONE_PREFIX + (evaluation_id or "")
-        answer = self._scripted(lambda: self._may_write(keys=[self.stream, done_key], args=[self.group, consumer, entry_id]), lambda: self._may_write_unscripted(consumer, entry_id, done_key))
+        answer = self._scripted(
+            lambda: self._may_write(keys=[self.stream, done_key], args=[self.group, consumer, entry_id]),
+            lambda: self._may_write_unscripted(consumer, entry_id, done_key),
+        )
         return answer.decode() if isinstance(answer, bytes) else str(answer)
 
     def is_done(self, evaluation_id: str) -> bool:

@@ -447,7 +447,11 @@ class OTLPServer:
                 if now - self._accept_error_logged < ACCEPT_ERROR_LOG_INTERVAL:
                     return
                 count, self._accept_errors, self._accept_error_logged = self._accept_errors, 0, now
-            logger.warning("relevancy-tracer serve: %d connection(s) not accepted in the last %.0f s: %s (the process's file descriptor limit; lower receiver_max_connections or raise the limit)", count, ACCEPT_ERROR_LOG_INTERVAL, os.strerror(error.errno or 0))
+            logger.warning(
+                "relevancy-tracer serve: %d connection(s) not accepted in the last %.0f s: %s (the process's file"
+                " descriptor limit; lower receiver_max_connections or raise the limit)",
+                count, ACCEPT_ERROR_LOG_INTERVAL, os.strerror(error.errno or 0),
+            )
             return
         loop.default_exception_handler(context)
 

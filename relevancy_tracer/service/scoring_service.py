@@ -165,7 +165,10 @@ class ScoringService:
         s = self.settings
         unsendable = token_problem(s.service_token)
         if unsendable:
-            raise ValueError(f"the service token (RELEVANCY_TRACER_SERVICE_TOKEN) {unsendable}: no client could authenticate; use printable ASCII (e.g. `openssl rand -hex 32`)")
+            raise ValueError(
+                f"the service token (RELEVANCY_TRACER_SERVICE_TOKEN) {unsendable}: no client could authenticate;"
+                " use printable ASCII (e.g. `openssl rand -hex 32`)"
+            )
         if not s.service_token and not allow_unauthenticated and not is_loopback(host):
             raise ValueError(f"serve on {host} without a service token would let anyone who reaches the port spend the model budget: set RELEVANCY_TRACER_SERVICE_TOKEN (clients send Authorization: Bearer <token>), or pass --allow-unauthenticated when a Collector in front authenticates")
         if s.service_token and not tls_cert and not is_loopback(host):
