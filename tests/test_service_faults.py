@@ -1139,3 +1139,35 @@ def test_a_deeply_nested_protobuf_value_and_zero_length_ids_are_answered(serve):
         response = ExportTraceServiceResponse.FromString(reply[2])
         assert reply[0] in (200, grpc.StatusCode.OK) and response.partial_success.rejected_spans == 2, reply[:2]
     assert serve.alive()
+
+
+def test_serve_raises_its_soft_descriptor_limit_and_warns_below_what_it_needs(model, backend, tmp_path):
+    """Issue 42, round of our own: `serve` may hold 3 x receiver_max_connections descriptors
+    (HTTP connections, lingering 503s, gRPC connections) plus its own. With a soft limit of
+    512 and a hard one of 4,096 it raises the soft limit to what it needs (1,024 at the default
+    256 connections); with both at 512 it warns at start, naming the setting."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"needs a hard descriptor limit of 4,096; it is {hard}")
+    outputs = {}
+    for limits in ((512, 4096), (512, 512)):
+        http_port = free_port()
+        log = tmp_path / f"serve-{http_port}.log"
+
+        def child_setup(limits=limits) -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+        command = [str(Path(sys.executable).parent / "relevancy-tracer"), "serve", "--http-port", str(http_port), "--grpc-port", "0"]
+        env = subprocess_env(fake_model_env(model), RELEVANCY_TRACER_SERVICE_TOKEN=TOKEN, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+        proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=child_setup)
+        running = Serve(proc, http_port, 0, log)
+        try:
+            wait_until(lambda: proc.poll() is not None or "OTLP/HTTP" in log.read_text(), 60, "serve to listen")
+            limit_line = next(l for l in Path(f"/proc/{proc.pid}/limits").read_text().splitlines() if l.startswith("Max open files"))
+        finally:
+            outputs[limits] = (stop_serve(running), limit_line.split()[3])
+    raised, warned = outputs[(512, 4096)], outputs[(512, 512)]
+    assert raised[1] == "1024" and "file descriptor limit" not in raised[0], raised
+    assert warned[1] == "512" and "RELEVANCY_TRACER_RECEIVER_MAX_CONNECTIONS" in warned[0], warned[0][-2000:]

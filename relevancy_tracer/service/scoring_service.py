@@ -102,6 +102,41 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: Descriptors `serve` keeps for itself beyond its connections (listeners, Redis, exporters,
+#: the model clients' pools, log files).
+OWN_DESCRIPTORS = 256
+
+
+def descriptors_needed(max_connections: int) -> int:
+    """File descriptors ``serve`` may hold with ``receiver_max_connections`` at
+    ``max_connections``: HTTP connections, as many lingering 503s, gRPC connections, and
+    :data:`OWN_DESCRIPTORS`."""
+    return 3 * max_connections + OWN_DESCRIPTORS
+
+
+def ensure_descriptors(needed: int) -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` towards ``needed`` (never above the hard
+    limit, never lowering it), as servers commonly do at start; warn once when the hard limit
+    is below ``needed``. Returns the soft limit in force. Never raises."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            logger.warning(
+                "relevancy-tracer serve: the file descriptor limit (%d) is below the %d that receiver_max_connections"
+                " may need (3 x connections + %d); lower RELEVANCY_TRACER_RECEIVER_MAX_CONNECTIONS or raise the limit",
+                soft, needed, OWN_DESCRIPTORS,
+            )
+        return int(soft)
+    except (ImportError, ValueError, OSError):  # no resource module (Windows), or not allowed
+        return -1
+
+
 def token_problem(token: Optional[str]) -> Optional[str]:
     """Why a bearer token can never match, or None when it can (or is unset). A client sends
     ``Authorization: Bearer <token>`` as an HTTP header or gRPC metadata, whose values are
@@ -217,6 +252,9 @@ class ScoringService:
         self.refused = 0
 
     def start(self) -> "ScoringService":
+        """Listen and serve (see the class). Raises OSError when a port is taken or the TLS
+        files cannot be loaded."""
+        ensure_descriptors(descriptors_needed(self.limits.max_connections))
         self.server.start()
         self._sweeper = threading.Thread(target=self._sweep, name="relevancy-tracer-join", daemon=True)
         self._sweeper.start()
