@@ -25,7 +25,10 @@ Example::
 
 Script items: a ``str`` (200 with that message content), :class:`Status` (an HTTP error),
 :class:`Delay` (wait, then another item), :class:`Drop` (close the connection without a reply),
-:class:`Hang` (never reply until the server stops), :class:`Raw` (a 200 with any JSON body).
+:class:`Hang` (never reply until the server stops), :class:`Raw` (a 200 with any JSON body),
+:class:`Dribble` (a valid reply a byte at a time), :class:`Endless` (a chunked body that never
+ends), :class:`Huge` (a reply of any size, generated as it is sent), :class:`Gzipped` (a gzip
+reply, or a gzip bomb).
 """
 
 from __future__ import annotations
@@ -98,7 +101,44 @@ class Raw:
     body: Any
 
 
-ScriptItem = Union[str, Status, Delay, Gate, Drop, Hang, Raw]
+@dataclass
+class Dribble:
+    """Reply 200 with a valid reply (the default responder's), its body sent ``size`` bytes
+    every ``interval`` seconds: a reply that arrives, slowly, for ever or nearly."""
+
+    interval: float = 0.3
+    size: int = 1
+
+
+@dataclass
+class Endless:
+    """Reply 200 with a chunked body that never ends: a chunk of ``size`` bytes every
+    ``interval`` seconds until the client goes away or the server stops."""
+
+    interval: float = 0.1
+    size: int = 1
+
+
+@dataclass
+class Huge:
+    """Reply 200 with a JSON body of ``size`` bytes (a chat completion whose content is
+    ``size`` bytes long), generated 1 MiB at a time, so the server holds none of it; with
+    ``Content-Length`` unless ``chunked``. Stops when the client goes away."""
+
+    size: int
+    chunked: bool = False
+
+
+@dataclass
+class Gzipped:
+    """Reply 200 with ``Content-Encoding: gzip``: the default reply compressed, or, with
+    ``bomb`` set, a gzip stream inflating to ``bomb`` bytes of spaces (compressed as it is sent:
+    about 1 KB on the wire per MB inflated)."""
+
+    bomb: int = 0
+
+
+ScriptItem = Union[str, Status, Delay, Gate, Drop, Hang, Raw, Dribble, Endless, Huge, Gzipped]
 
 
 class Script:
@@ -346,6 +386,72 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_hostile(self, owner: "FakeOpenAIServer", kind: str, body: dict, item: Any) -> None:
+        """A :class:`Dribble`, :class:`Endless` or :class:`Huge` reply."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        if isinstance(item, Dribble):
+            reply = owner._chat_response(body, None) if kind == "chat" else owner._embedding_response(body)
+            data = json.dumps(reply).encode("utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            for start in range(0, len(data), item.size):
+                if owner._stopped.wait(item.interval):
+                    return
+                self.wfile.write(data[start : start + item.size])
+                self.wfile.flush()
+            return
+        if isinstance(item, Gzipped):
+            import zlib
+
+            compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+            def chunk(data: bytes) -> None:
+                if data:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+            if item.bomb:
+                block, left = b" " * (1 << 20), item.bomb
+                while left > 0 and not owner._stopped.is_set():
+                    chunk(compressor.compress(block[: min(left, len(block))]))
+                    left -= len(block)
+            else:
+                reply = owner._chat_response(body, None) if kind == "chat" else owner._embedding_response(body)
+                chunk(compressor.compress(json.dumps(reply).encode("utf-8")))
+            chunk(compressor.flush())
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        if isinstance(item, Endless):
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            while not owner._stopped.wait(item.interval):
+                self.wfile.write(b"%x\r\n%s\r\n" % (item.size, b" " * item.size))
+                self.wfile.flush()
+            return
+        head = b'{"id": "huge", "object": "chat.completion", "created": 0, "model": "fake-chat", "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "'
+        tail = b'"}}], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}'
+        filler = item.size - len(head) - len(tail)
+        if item.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(item.size))
+        self.end_headers()
+        block = b"x" * (1 << 20)
+
+        def send(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if item.chunked else data)
+
+        send(head)
+        while filler > 0 and not owner._stopped.is_set():
+            send(block[: min(filler, len(block))])
+            filler -= len(block)
+        send(tail)
+        if item.chunked:
+            self.wfile.write(b"0\r\n\r\n")
+
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         if self.path.rstrip("/").endswith("/models"):
             self._send_json(200, {"object": "list", "data": [{"id": "fake-chat", "object": "model"}, {"id": "fake-embed", "object": "model"}]})
@@ -404,6 +510,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if isinstance(item, Raw):
             self._send_json(200, item.body)
+            return
+        if isinstance(item, (Dribble, Endless, Huge, Gzipped)):
+            try:
+                self._send_hostile(owner, kind, body, item)
+            except OSError:  # the client went away: what these replies are for
+                pass
+            self.close_connection = True
             return
         if kind == "chat" and body.get("stream"):
             self._send_stream(owner._chat_response(body, item), bool((body.get("stream_options") or {}).get("include_usage")))

@@ -508,3 +508,35 @@ def test_the_command_docstring_and_the_architecture_page_name_every_command():
     assert [name for name in commands if f"``{name}" not in (cli.__doc__ or "")] == []
     row = next(line for line in (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").splitlines() if "`cli.py`" in line and line.startswith("|"))
     assert [name for name in commands if f"`{name}`" not in row] == []
+
+
+@pytest.mark.parametrize("target", ["closed-pipe", "/dev/full"])
+def test_a_closed_or_full_stdout_ends_the_run_at_once_with_a_message(server, tmp_path, target):
+    """`score rows.jsonl | head -1` and `score rows.jsonl > /dev/full`, 300 rows: the first
+    failed write cancels the scoring; the process exits 1 with a message naming stdout, no
+    traceback (before: a row task died on the write and the in-order output waited for it for
+    ever)."""
+    data = towns(tmp_path / "in.jsonl", 300)
+    out = open("/dev/full", "w") if target == "/dev/full" else subprocess.PIPE
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relevancy_tracer.cli", "score", str(data), "--no-progress"],
+        env=cli_env(server), stdout=out, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        if target == "closed-pipe":
+            assert proc.stdout.readline().startswith("{")  # like `head -1`: one row, then closed
+            proc.stdout.close()
+        try:
+            returncode = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("the CLI did not exit within 60 s of its stdout failing")
+        stderr = proc.stderr.read()
+    finally:
+        if out is not subprocess.PIPE:
+            out.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert returncode == 1, stderr
+    assert "cannot write stdout" in stderr, stderr
+    assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr

@@ -342,3 +342,169 @@ def test_ascore_on_the_callers_loops_leaves_no_http_session_open(server):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "scored"
     assert "Unclosed" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("bad", [1000.0, "x", float("inf"), None, True])
+def test_malformed_logprobs_fall_back_on_the_sampled_number(bad):
+    """Issue 42, item 7: a judge reply whose digit logprobs are 1000.0 (exp overflows), "x"
+    (not a number), infinite, null or a bool is a malformed reply: the judge reads the number
+    it sampled and the row is scored (before: OverflowError / TypeError from
+    `digit_distribution`, the row an `internal_error`)."""
+    from relevancy_tracer_testing import FakeOpenAIServer
+
+    class BadLogprobs(FakeOpenAIServer):
+        def _chat_response(self, body, scripted):
+            response = super()._chat_response(body, scripted)
+            for choice in response["choices"]:
+                for item in (choice.get("logprobs") or {}).get("content", []):
+                    for alternative in item["top_logprobs"]:
+                        alternative["logprob"] = bad
+            return response
+
+    with BadLogprobs() as server:
+        engine = Engine(openai_settings(server, method="ragas_judge_intent"))
+        result = engine.score(Q, GOOD)
+        assert any(body.get("logprobs") for body in server.requests_to("chat"))  # logprobs were asked for
+    assert result.status == Status.SCORED, (result.status, result.error)
+    assert 0.0 <= result.score <= 1.0
+
+
+# ------------------------------------------------------------------------------ issue 42: a slow or huge reply
+
+
+def _score_in_thread(call, bound: float):
+    """``call()`` on a thread of its own; its result, or a failure when it runs past ``bound``
+    seconds (the request would otherwise hold the test for minutes)."""
+    import threading
+
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(bound)
+    assert not thread.is_alive(), f"the model request was still running after {bound} s"
+    return out[0]
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("kind", ["dribbled", "endless-chunked"])
+def test_a_model_request_ends_within_its_deadline_whatever_the_server_sends(server, kind, transport):
+    """Issue 42, item 2: a valid reply sent one byte every 0.3 s (about 3 minutes in all), or a
+    chunked reply that never ends, with llm_timeout 2 s and 1 retry: the request ends after its
+    two attempts of at most 2 s each (plus the client's backoff), as `model_error` naming the
+    timeout; well within the 30 s bound (before: it ran until the reply ended, or for ever).
+    Both transports: the aiohttp client of this package's loop (`score`), openai's httpx
+    client on a caller's own loop (`await ascore()` under `asyncio.run`)."""
+    import asyncio
+
+    from relevancy_tracer_testing import Dribble, Endless
+
+    engine = Engine(openai_settings(server, llm_timeout=2.0, llm_max_retries=1))
+    reply = Dribble(0.3) if kind == "dribbled" else Endless(0.1)
+    server.chat.push(reply, reply)
+    if transport == "aiohttp":
+        result = _score_in_thread(lambda: engine.score(Q, GOOD), 30)
+    else:
+        result = _score_in_thread(lambda: asyncio.run(engine.ascore(Q, GOOD)), 30)
+    assert result.status == Status.MODEL_ERROR and "Timeout" in result.error, (result.status, result.error)
+    assert len(server.requests_to("chat")) == 2  # the first attempt and its retry, each cut at the deadline
+
+
+_PEAK_SCRIPT = """
+import json, resource, sys
+import relevancy_tracer
+result = relevancy_tracer.score("Where is France?", "France is in western Europe.", llm="openai", embeddings="openai",
+    llm_base_url=sys.argv[1], llm_model="fake-chat", embedding_model="fake-embed", llm_max_retries=0, method="ragas",
+    llm_timeout=120)
+print(json.dumps({"status": result.status, "error": result.error, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def test_a_huge_model_reply_is_refused_without_being_read_and_memory_does_not_grow(server):
+    """Issue 42, item 3: a 100 MB reply with Content-Length and a 400 MB chunked one, against
+    the default llm_max_reply_bytes (8 MiB): both `model_error` naming the setting; the first
+    refused before its body is read, the second cut at the cap. Peak RSS of the scoring
+    process stays within 1.25x of the same process scoring a normal reply, measured in the
+    same test (before: 461 MB and 1,512 MB against about 80 MB, and both were scored)."""
+    from relevancy_tracer_testing import Huge
+
+    def run() -> dict:
+        proc = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, server.base_url], env=subprocess_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    baseline = run()
+    assert baseline["status"] == "scored", baseline
+    server.chat.push(Huge(100_000_000))
+    with_length = run()
+    server.chat.push(Huge(400_000_000, chunked=True))
+    chunked = run()
+    print(f"peak RSS KiB: normal {baseline['peak']}, 100 MB with length {with_length['peak']}, 400 MB chunked {chunked['peak']}")
+    for outcome in (with_length, chunked):
+        assert outcome["status"] == "model_error" and "llm_max_reply_bytes" in outcome["error"], outcome
+    assert "refused unread" in with_length["error"] and "cut there" in chunked["error"]
+    assert with_length["peak"] < 1.25 * baseline["peak"], (with_length["peak"], baseline["peak"])
+    assert chunked["peak"] < 1.25 * baseline["peak"], (chunked["peak"], baseline["peak"])
+
+
+def test_the_reply_bound_defaults_agree():
+    from relevancy_tracer.config import Settings
+    from relevancy_tracer.models.openai_compat import DEFAULT_MAX_REPLY_BYTES
+
+    assert Settings().llm_max_reply_bytes == DEFAULT_MAX_REPLY_BYTES
+
+
+@pytest.mark.parametrize("loop", ["caller", "owned"])
+def test_cancelling_an_evaluation_while_its_reply_streams_closes_the_request(server, loop):
+    """Issue 42, round of our own: `ascore()` cancelled while a chunked reply is still arriving
+    (openai's httpx client on a caller's loop; the aiohttp client on this package's loop): the
+    cancellation propagates at once and the request's connection is closed, so the server's
+    handler ends (nothing keeps reading an endless body in the background)."""
+    import asyncio
+
+    from relevancy_tracer._background.loop import process_loop
+    from relevancy_tracer_testing import Endless
+
+    from ._observability import wait_until
+
+    engine = Engine(openai_settings(server, llm_timeout=60.0, llm_max_retries=0))
+    server.chat.push(Endless(0.05))
+
+    async def cancel_mid_reply() -> bool:
+        task = asyncio.ensure_future(engine.ascore(Q, GOOD))
+        assert await asyncio.to_thread(server.wait_for_requests, "chat", 1, 10)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    if loop == "caller":
+        cancelled = asyncio.run(cancel_mid_reply())
+    else:
+        cancelled = asyncio.run_coroutine_threadsafe(cancel_mid_reply(), process_loop().loop()).result(30)
+    assert cancelled
+    wait_until(lambda: server.in_flight == 0, 10, "the server's handler to see the connection closed")
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_a_gzip_reply_is_inflated_and_a_gzip_bomb_is_cut_at_the_reply_bound(server, transport):
+    """Issue 42, item 3 (compressed): a gzip reply is inflated and scored; a gzip stream
+    inflating to 1 GB (about 1 MB on the wire) is inflated chunk by chunk only up to
+    `llm_max_reply_bytes` (1 MiB here) and refused as `model_error`, on both transports."""
+    import asyncio
+
+    from relevancy_tracer_testing import Gzipped
+
+    engine = Engine(openai_settings(server, llm_max_retries=0, llm_max_reply_bytes=1 << 20))
+
+    def score():
+        if transport == "aiohttp":
+            return engine.score(Q, GOOD)
+        return asyncio.run(engine.ascore(Q, GOOD))
+
+    server.chat.push(Gzipped())
+    assert score().status == Status.SCORED
+    server.chat.push(Gzipped(bomb=1 << 30))
+    result = _score_in_thread(score, 60)
+    assert result.status == Status.MODEL_ERROR and "llm_max_reply_bytes" in result.error, (result.status, result.error)

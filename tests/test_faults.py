@@ -603,3 +603,30 @@ def test_sigterm_stops_the_demo_and_the_phoenix_server_it_started(server, tmp_pa
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ------------------------------------------------------------------------------ issue 42: the decorator's model bounds
+
+
+@pytest.mark.parametrize("reply", ["huge-chunked", "endless"])
+def test_the_decorator_bounds_a_huge_or_endless_model_reply(tracing, otel, server, reply):
+    """Issue 42, round of our own: the reply cap and the request deadline hold on the
+    decorator's path (the app's own process). A 50 MB chunked reply against a 1 MiB
+    `llm_max_reply_bytes`, or a chunked reply that never ends against a 2 s `llm_timeout`:
+    the app's call returns its value at once; the evaluation ends as an error (`model_error`)
+    on the answer span, within its bound, and never reaches `evaluation_timeout` (120 s)."""
+    from relevancy_tracer_testing import Endless, Huge
+
+    tracing(llm_timeout=2.0, llm_max_retries=0, llm_max_reply_bytes=1 << 20)
+    server.chat.push(Huge(50_000_000, chunked=True) if reply == "huge-chunked" else Endless(0.1))
+
+    @relevancy_tracer.trace
+    def bounded(question: str) -> str:
+        return "France is in western Europe."
+
+    assert bounded("Where is France?") == "France is in western Europe."
+    assert relevancy_tracer.flush(30)
+    attributes = attrs_of(only_span(otel, "test_the_decorator_bounds_a_huge_or_endless_model_reply.<locals>.bounded"))
+    assert attributes[A.STATUS] == "error" and attributes[A.ERROR_TYPE] == "model_error", attributes
+    expected = "llm_max_reply_bytes" if reply == "huge-chunked" else "Timeout"
+    assert expected in str(attributes.get(A.ERROR)), attributes

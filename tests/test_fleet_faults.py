@@ -551,3 +551,91 @@ def test_dead_letters_are_bounded_in_bytes(redis_server, client):
         assert client.xlen(STREAM) == 0  # every job acknowledged
     finally:
         queue.close()
+
+
+# ------------------------------------------------------------------------------ issue 42: a paused worker
+
+
+def _worker_process(redis_url: str, server: Any, backend: Any, log: Path, claim_idle: float) -> subprocess.Popen:
+    """`relevancy-tracer worker` as a process of its own (it can be SIGSTOPped), logging to ``log``."""
+    env = subprocess_env(
+        fake_model_env(server),
+        RELEVANCY_TRACER_METHOD="ragas", RELEVANCY_TRACER_LLM_MAX_RETRIES="0", RELEVANCY_TRACER_CONCURRENCY="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT=backend.http_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none", OTEL_BSP_SCHEDULE_DELAY="100",
+    )
+    command = [str(Path(sys.executable).parent / "relevancy-tracer"), "worker", "--queue", redis_url, "--claim-idle", str(claim_idle)]
+    proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+    wait_until(lambda: proc.poll() is not None or "consuming" in log.read_text(), 60, "the worker to start")
+    assert proc.poll() is None, log.read_text()
+    return proc
+
+
+def test_a_paused_worker_whose_job_was_reclaimed_does_not_write_a_second_result(server, backend, redis_server, client, tmp_path):
+    """Issue 42, item 5: worker A takes a job and is stopped (SIGSTOP) while its model request
+    is in flight; worker B reclaims the job after --claim-idle (1 s), scores it and writes its
+    EVALUATOR span. A is continued and its model reply arrives: it checks in Redis, atomically
+    (a Lua script), that it still holds the job and that the job is not done, finds it done,
+    and drops its result. One result, one EVALUATOR span (before: A wrote a second one)."""
+    import signal
+    import threading as _threading
+
+    held = _threading.Event()
+    from relevancy_tracer_testing import Gate
+
+    server.chat.push(Gate(held))  # A's model request waits until the test opens it
+    logs = tmp_path / "a.log", tmp_path / "b.log"
+    first = _worker_process(redis_server.url, server, backend, logs[0], 1.0)
+    second = None
+    try:
+        request = job(0)
+        enqueue(client, [request])
+        assert server.wait_for_requests("chat", 1, timeout=30)
+        os.kill(first.pid, signal.SIGSTOP)  # paused with its request in flight, its claim no longer extended
+        second = _worker_process(redis_server.url, server, backend, logs[1], 1.0)
+        by_id = evaluations_by_id(backend, 1)
+        wait_until(lambda: settled(client), 30, "B acknowledged the job")
+        held.set()  # A's reply is ready when it runs again
+        os.kill(first.pid, signal.SIGCONT)
+
+        def a_decided() -> bool:
+            return "result is dropped" in logs[0].read_text() or len(evaluator_spans(backend.spans)) >= 2
+
+        wait_until(a_decided, 30, "worker A to write or drop its result")
+        by_id = evaluations_by_id(backend, 1)
+    finally:
+        held.set()
+        for proc in (first, second):
+            if proc is not None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    assert len(server.requests_to("chat")) == 2  # both scored it: A was paused mid-request
+    assert list(by_id) == [request.evaluation_id] and len(by_id[request.evaluation_id]) == 1, by_id
+    output = logs[0].read_text()
+    assert "reclaimed" in output or "finished" in output, output
+    assert "Traceback" not in output + logs[1].read_text()
+
+
+def test_a_worker_whose_redis_user_may_not_run_scripts_scores_each_job_once(server, backend, redis_server, client, caplog):
+    """Issue 42, round of our own: a Redis ACL user without `+@scripting` (the Lua checks of a
+    job's ownership answer NOPERM). The worker logs it once, checks ownership with separate
+    commands, and scores each job once: 3 jobs, 3 model calls, 3 EVALUATOR spans."""
+    import logging
+
+    client.acl_setuser("fleet", enabled=True, passwords=["+fleet-pw"], keys=["*"], channels=["*"], commands=["+@all", "-@scripting"])
+    url = redis_server.url.replace("redis://", "redis://fleet:fleet-pw@", 1)
+    jobs = [job(i) for i in range(3)]
+    enqueue(client, jobs)
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        with workers(url, openai_settings(server), claim_idle=0.4) as (worker,):
+            wait_until(lambda: settled(client), 30, "the jobs scored")
+    assert worker.scored == 3 and len(server.requests_to("chat")) == 3
+    by_id = evaluations_by_id(backend, 3)
+    assert set(by_id) == {j.evaluation_id for j in jobs} and all(len(v) == 1 for v in by_id.values())
+    warnings = [r.getMessage() for r in caplog.records if "may not run Lua scripts" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]

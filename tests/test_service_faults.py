@@ -921,3 +921,253 @@ def test_serve_never_times_out_an_accepted_span_for_waiting_in_the_queue(server,
     finally:
         gate.set()
         service.stop(10)
+
+
+# ------------------------------------------------------------------------------ issue 42: tokens
+
+
+def test_a_non_utf8_byte_in_authorization_gets_401_and_a_counted_refusal(server, no_exports):
+    """Issue 42, item 8: `Authorization: Bearer \\xff...` (a byte no UTF-8 decoder takes) is a
+    wrong token: 401 with `WWW-Authenticate: Bearer`, counted in `relevancy.service.refused` as
+    `unauthenticated` (before: 500 "Server got itself in trouble", nothing counted). A wrong
+    gRPC token is counted the same way."""
+    import grpc
+
+    from relevancy_tracer.service import ScoringService
+
+    service = ScoringService(openai_settings(server, service_token=TOKEN), http_port=0, grpc_port=0).start()
+    reasons: list[tuple[str, str]] = []
+    counted = service.server.count_refusal
+    service.server.count_refusal = lambda protocol, reason: (reasons.append((protocol, reason)), counted(protocol, reason))
+    try:
+        body = export_request(chain_span("q?", "a.")).SerializeToString()
+        for value in (b"Bearer \xff\xfe" + TOKEN.encode(), b"Bearer " + TOKEN.encode() + b"\xc3", b"\x80"):
+            head = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nAuthorization: " + value
+            head += b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            with socket.create_connection(("127.0.0.1", service.server.http_port), timeout=10) as sock:
+                sock.sendall(head + body)
+                reply = read_response(sock)
+            assert reply.startswith(b"HTTP/1.1 401"), reply[:300]
+            assert b"WWW-Authenticate: Bearer" in reply
+        running = Serve(None, service.server.http_port, service.server.grpc_port, Path("."))  # type: ignore[arg-type]
+        assert grpc_call(running, body, metadata=(("authorization", "Bearer wrong"),))[0] == grpc.StatusCode.UNAUTHENTICATED
+        assert reasons == [("http", "unauthenticated")] * 3 + [("grpc", "unauthenticated")]
+        assert service.refused == 4
+    finally:
+        service.stop(5)
+
+
+def test_a_token_with_surrounding_whitespace_is_stripped(model, backend, tmp_path):
+    """Issue 42, item 6: `RELEVANCY_TRACER_SERVICE_TOKEN=$'tok\\n'` (a Kubernetes secret made
+    with --from-file) is the token `tok`: a real `serve` takes `Bearer tok` over HTTP and gRPC
+    (before: every request 401 / UNAUTHENTICATED, as no client can send the newline). API keys
+    are stripped alike."""
+    import grpc
+
+    from relevancy_tracer.config import Settings
+
+    resolved = Settings.resolve(environ={"RELEVANCY_TRACER_SERVICE_TOKEN": f" {TOKEN}\r\n", "OPENAI_API_KEY": "sk-1\n"})
+    assert resolved.service_token == TOKEN and resolved.llm_api_key == "sk-1"
+    assert Settings.resolve(service_token=f"{TOKEN}\n").service_token == TOKEN
+    running = start_serve(tmp_path, model, backend, RELEVANCY_TRACER_SERVICE_TOKEN=f"{TOKEN}\n")
+    try:
+        body = export_request(chain_span("Where is Caen?", "Caen is in Normandy.")).SerializeToString()
+        assert running.post(body)[0] == 200
+        assert grpc_call(running, body)[0] == grpc.StatusCode.OK
+    finally:
+        output = stop_serve(running)
+    assert "Traceback" not in output, output[-5000:]
+
+
+@pytest.mark.parametrize("token", ["tok\nen", "t\u00f6ken", "tok\x7fen", "tok\ten"])
+def test_a_token_no_client_can_send_stops_serve_at_start(no_exports, token):
+    """Issue 42, item 6: a token holding a character no client can send in a header (a newline
+    or tab inside, DEL, a non-ASCII letter) can never match: `serve` exits 2 at start with a
+    message naming the setting (before: it started and refused every request)."""
+    command = [str(Path(sys.executable).parent / "relevancy-tracer"), "serve", "--http-port", "0", "--grpc-port", "0", "--llm", "openai", "--embeddings", "openai"]
+    proc = subprocess.run(command, env=subprocess_env(RELEVANCY_TRACER_SERVICE_TOKEN=token), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "RELEVANCY_TRACER_SERVICE_TOKEN" in proc.stderr and "printable ASCII" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _serve_with_descriptor_limit(tmp: Path, model: FakeOpenAIServer, backend: OTLPReceiver, limit: int, **env: str) -> Serve:
+    """`serve` (with the token) in a process whose RLIMIT_NOFILE is ``limit``."""
+    import resource
+
+    http_port, grpc_port = free_port(), free_port()
+    log = tmp / f"serve-{http_port}.log"
+    environment = subprocess_env(fake_model_env(model), dict(
+        RELEVANCY_TRACER_METHOD="ragas", RELEVANCY_TRACER_SERVICE_TOKEN=TOKEN, OTEL_EXPORTER_OTLP_ENDPOINT=backend.http_endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", OTEL_METRICS_EXPORTER="none", OTEL_BSP_SCHEDULE_DELAY="200",
+    ), env)
+
+    def child_setup() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    command = [str(Path(sys.executable).parent / "relevancy-tracer"), "serve", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    proc = subprocess.Popen(command, env=environment, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=child_setup)
+    running = Serve(proc, http_port, grpc_port, log)
+    wait_until(lambda: proc.poll() is not None or "OTLP/HTTP" in log.read_text(), 60, "serve to listen")
+    assert proc.poll() is None, log.read_text()[-3000:]
+    return running
+
+
+def test_idle_connections_to_the_grpc_port_cannot_take_every_file_descriptor(model, backend, tmp_path):
+    """Issue 42, item 4: `serve` with a token, a 1,024 descriptor limit and a 2 s idle timeout;
+    1,100 TCP connections to its gRPC port that send nothing. grpc core holds at most
+    `receiver_max_connections` (256) of them and closes the others at once, before any
+    handshake (`grpc.max_allowed_incoming_connections`), and closes the held ones once they
+    complete no handshake within the idle timeout (`grpc.server_handshake_timeout_ms`). While
+    they are held an HTTP export is served at once, and an authenticated gRPC export (its
+    channel retrying the refused connection, as exporters do) once the idle ones are closed;
+    the log holds no `Too many open files` traceback (before: 1,024 descriptors taken, the
+    gRPC export DEADLINE_EXCEEDED, hundreds of KB of accept() tracebacks)."""
+    import resource
+
+    import grpc
+    import psutil
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this test needs 2,048 descriptors of its own; the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    running = _serve_with_descriptor_limit(tmp_path, model, backend, 1024, RELEVANCY_TRACER_RECEIVER_IDLE_TIMEOUT="2")
+    held: list[socket.socket] = []
+    try:
+        for _ in range(1100):
+            sock = socket.socket()
+            sock.settimeout(10)
+            try:
+                sock.connect(("127.0.0.1", running.grpc_port))
+            except OSError:  # the backlog full for a moment: the flood goes on
+                sock.close()
+                continue
+            held.append(sock)
+        assert len(held) >= 1000
+        descriptors = psutil.Process(running.proc.pid).num_fds()
+        body = export_request(chain_span("Where is Laval?", "Laval is in Mayenne.")).SerializeToString()
+        assert running.post(body, timeout=10)[0] == 200
+        channel = grpc.insecure_channel(f"127.0.0.1:{running.grpc_port}")
+        try:
+            started = time.monotonic()
+            call = channel.unary_unary("/" + TRACES, request_serializer=None, response_deserializer=None)
+            call(body, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=20, wait_for_ready=True)
+            print(f"gRPC export served {time.monotonic() - started:.1f} s into the flood; serve held {descriptors} descriptors")
+        finally:
+            channel.close()
+    finally:
+        for sock in held:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        output = stop_serve(running)
+    assert descriptors < 700, descriptors  # 256 gRPC connections at most, plus the process's own
+    assert "Too many open files" not in output and "Traceback" not in output, output[-5000:]
+
+
+def test_accepts_failing_for_want_of_descriptors_are_counted_and_logged_once_per_interval(server, no_exports, caplog):
+    """Issue 42, item 4: when the process is at its descriptor limit asyncio logs every failed
+    accept() of the HTTP listener with a traceback (1,328-2,052 of them in 15-25 s before). The
+    receivers' loop counts each as a refusal (`out_of_file_descriptors`) and logs one line
+    with the count per ACCEPT_ERROR_LOG_INTERVAL; other loop errors go to asyncio's handler."""
+    import errno
+    import logging
+
+    from relevancy_tracer.service import ScoringService
+
+    service = ScoringService(openai_settings(server), http_port=0, grpc_port=None).start()
+    reasons: list[str] = []
+    counted = service.server.count_refusal
+    service.server.count_refusal = lambda protocol, reason: (reasons.append(reason), counted(protocol, reason))
+    loop = service.server._loop
+    try:
+        with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+            for _ in range(500):
+                context = {"message": "socket.accept() out of system resource", "exception": OSError(errno.EMFILE, "Too many open files")}
+                loop.call_soon_threadsafe(loop.call_exception_handler, context)
+            done = threading.Event()
+            loop.call_soon_threadsafe(done.set)
+            assert done.wait(10)
+        lines = [r for r in caplog.records if "not accepted" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
+        assert reasons == ["out_of_file_descriptors"] * 500 and service.refused == 500
+    finally:
+        service.stop(5)
+
+
+def test_serve_refuses_a_huge_model_reply_as_a_model_error(serve, model, backend):
+    """Issue 42, round of our own: the reply cap holds on `serve`'s path. A 50 MB chunked
+    reply from the judge (the default `llm_max_reply_bytes`, 8 MiB) ends that span's
+    evaluation as an error (`model_error` naming the setting) on its EVALUATOR span; `serve`
+    stays up and scores the next span."""
+    from relevancy_tracer_testing import Huge
+
+    model.chat.push(Huge(50_000_000, chunked=True))
+    spans = [chain_span("Where is Brest?", "Brest is in Brittany."), chain_span("Where is Metz?", "Metz is in Lorraine.")]
+    for span in spans:
+        assert serve.post(export_request(span).SerializeToString())[0] == 200
+    keys = [(span.trace_id.hex(), span.span_id.hex()) for span in spans]
+    found = evaluations_of(backend.wait_for_spans(lambda s: all(k in evaluations_of(s) for k in keys), timeout=60))
+    failed, scored = sorted((found[k]["attributes"] for k in keys), key=lambda a: a[A.STATUS] != "error")  # either may meet the huge reply
+    assert failed[A.STATUS] == "error" and failed[A.ERROR_TYPE] == "model_error", failed
+    assert "llm_max_reply_bytes" in str(failed.get(A.ERROR)), failed
+    assert scored[A.STATUS] == "scored" and serve.alive()
+
+
+def test_a_deeply_nested_protobuf_value_and_zero_length_ids_are_answered(serve):
+    """Issue 42, round of our own: a span attribute whose AnyValue nests arrays 50, 1,000 and
+    100,000 deep (built as bytes: no protobuf encoder would), on HTTP and gRPC: 400 /
+    INVALID_ARGUMENT at once from upb's depth limit, nothing decoded; spans with zero-length
+    trace or span ids: 200 with `partial_success.rejected_spans`, the valid span of the same
+    request taken."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    for depth in (50, 1_000, 100_000):
+        value = common_pb2.AnyValue(string_value="x").SerializeToString()
+        for _ in range(depth):  # AnyValue.array_value (5) -> ArrayValue.values (1) -> AnyValue
+            value = _length_delimited(5, _length_delimited(1, value))
+        attribute = common_pb2.KeyValue(key="deep").SerializeToString() + _length_delimited(2, value)
+        span = chain_span("Where is Caen?", "Caen is in Normandy.").SerializeToString() + _length_delimited(9, attribute)
+        body = _length_delimited(1, _length_delimited(2, _length_delimited(2, span)))
+        assert_status(serve.post(body), 400, "protobuf")
+        assert grpc_call(serve, body)[0] == grpc.StatusCode.INVALID_ARGUMENT
+    spans = [chain_span("Where is Vannes?", "In Brittany."), chain_span("q?", "a.", trace_id=b""), chain_span("q?", "a.", span_id=b"")]
+    for call in (lambda body: serve.post(body), lambda body: grpc_call(serve, body)):
+        reply = call(export_request(*spans).SerializeToString())
+        response = ExportTraceServiceResponse.FromString(reply[2])
+        assert reply[0] in (200, grpc.StatusCode.OK) and response.partial_success.rejected_spans == 2, reply[:2]
+    assert serve.alive()
+
+
+def test_serve_raises_its_soft_descriptor_limit_and_warns_below_what_it_needs(model, backend, tmp_path):
+    """Issue 42, round of our own: `serve` may hold 3 x receiver_max_connections descriptors
+    (HTTP connections, lingering 503s, gRPC connections) plus its own. With a soft limit of
+    512 and a hard one of 4,096 it raises the soft limit to what it needs (1,024 at the default
+    256 connections); with both at 512 it warns at start, naming the setting."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"needs a hard descriptor limit of 4,096; it is {hard}")
+    outputs = {}
+    for limits in ((512, 4096), (512, 512)):
+        http_port = free_port()
+        log = tmp_path / f"serve-{http_port}.log"
+
+        def child_setup(limits=limits) -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+        command = [str(Path(sys.executable).parent / "relevancy-tracer"), "serve", "--http-port", str(http_port), "--grpc-port", "0"]
+        env = subprocess_env(fake_model_env(model), RELEVANCY_TRACER_SERVICE_TOKEN=TOKEN, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+        proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=child_setup)
+        running = Serve(proc, http_port, 0, log)
+        try:
+            wait_until(lambda: proc.poll() is not None or "OTLP/HTTP" in log.read_text(), 60, "serve to listen")
+            limit_line = next(l for l in Path(f"/proc/{proc.pid}/limits").read_text().splitlines() if l.startswith("Max open files"))
+        finally:
+            outputs[limits] = (stop_serve(running), limit_line.split()[3])
+    raised, warned = outputs[(512, 4096)], outputs[(512, 512)]
+    assert raised[1] == "1024" and "file descriptor limit" not in raised[0], raised
+    assert warned[1] == "512" and "RELEVANCY_TRACER_RECEIVER_MAX_CONNECTIONS" in warned[0], warned[0][-2000:]

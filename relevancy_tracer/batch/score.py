@@ -186,9 +186,20 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
     summary = Summary()
     running: list[Any] = []  # the scoring future, cancelled by a write error or a signal
 
+    stdout_error: list[BaseException] = []  # the first failed write to stdout: scoring stops
+
     def print_row(row: dict) -> None:
-        sys.stdout.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        sys.stdout.flush()
+        """Write one row to stdout; never raises. A closed pipe (``| head``), a full disk
+        (``/dev/full``): the error is kept, scoring is cancelled and no more is written."""
+        if stdout_error:
+            return
+        try:
+            sys.stdout.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            sys.stdout.flush()
+        except (OSError, ValueError) as exc:  # BrokenPipeError, ENOSPC; ValueError: stdout closed
+            stdout_error.append(exc)
+            if running:
+                running[0].cancel()
 
     def emit(row: InputRow, result: RelevancyResult) -> None:
         nonlocal write_error
@@ -292,6 +303,8 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
         raise stream.error  # the input could not be opened or read: nothing was scored
     if writer is not None and writer.stringified:
         print(f"relevancy-tracer: warning: column(s) {', '.join(map(repr, writer.stringified))} mix types; written to {writer.path} as strings", file=sys.stderr)
+    if stdout_error:
+        return _stdout_failed(stdout_error[0], summary.rows, summary.as_dict(unfinished=unfinished))
     status = "stopped: " if write_error is not None else "interrupted: " if signals.signum is not None else ""
     print(status + "summary " + json.dumps(summary.as_dict(unfinished=unfinished), ensure_ascii=False), file=sys.stderr)
     if write_error is not None:
@@ -302,3 +315,24 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
         print(f"relevancy-tracer: error: reading {name} failed after {stream.read} row(s) ({type(stream.error).__name__}: {stream.error}); the rows before it are scored and written", file=sys.stderr)
         return 1
     return signals.exit_status if signals.signum is not None else 0
+
+
+def _stdout_failed(error: BaseException, rows: int, summary: dict) -> int:
+    """Report a failed write to stdout and return the exit status 1. stdout is pointed at
+    ``os.devnull`` first (Python's advice for ``BrokenPipeError``, docs of the ``signal``
+    module), so the interpreter's last flush at exit raises nothing more."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor behind sys.stdout
+        pass
+    reason = "the reader closed it" if isinstance(error, BrokenPipeError) else f"{type(error).__name__}: {error}"
+    try:
+        print(f"stopped: summary {json.dumps(summary, ensure_ascii=False)}", file=sys.stderr)
+        print(f"relevancy-tracer: error: cannot write stdout ({reason}); stopped after {rows} row(s)", file=sys.stderr)
+    except (OSError, ValueError):  # stderr is gone too
+        pass
+    return 1

@@ -1,8 +1,10 @@
 """OpenAI-compatible chat and embeddings through the official ``openai`` client.
 
 Works with OpenAI, Azure OpenAI (its ``/openai/v1`` endpoint), vLLM, Ollama and llama.cpp's
-server. Timeouts, and retries with exponential backoff and jitter on 408/409/429/5xx and
-connection errors, are the ``openai`` client's own (``timeout``, ``max_retries``).
+server. Retries with exponential backoff and jitter on 408/409/429/5xx, connection errors and
+timeouts are the ``openai`` client's own (``max_retries``); each attempt is bounded as a whole
+(``timeout``: connect, head and body) and its reply in size (``max_reply_bytes``) by the
+client's transport (:mod:`~relevancy_tracer.models.bounded_http`).
 
 JSON output is requested with ``response_format`` (``json_object`` by default, ``json_schema``
 on request); a server that rejects the parameter with HTTP 400 is asked again without it, and
@@ -26,6 +28,9 @@ from .._background.loop import is_owned_loop, register_loop_closer
 from .base import ChatReply, EmbeddingReply, ModelError
 
 logger = logging.getLogger("relevancy_tracer")
+
+#: The default of the ``llm_max_reply_bytes`` setting (config.py; a test checks they agree).
+DEFAULT_MAX_REPLY_BYTES = 8 * 1024 * 1024
 
 #: Sent to keyless local servers (vLLM, Ollama, llama.cpp) so the client does not refuse to start.
 PLACEHOLDER_API_KEY = "EMPTY"
@@ -94,7 +99,8 @@ class _ClientPool:
     needs no closing, so no aiohttp session is left unclosed when that loop ends.
     """
 
-    def __init__(self, base_url: Optional[str], api_key: Optional[str], timeout: float, max_retries: int):
+    def __init__(self, base_url: Optional[str], api_key: Optional[str], timeout: float, max_retries: int, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES):
+        self._max_reply_bytes = max_reply_bytes
         self._base_url = base_url
         self._api_key = api_key
         self._timeout = timeout
@@ -127,16 +133,31 @@ class _ClientPool:
                         base_url=self._base_url or None,
                         timeout=self._timeout,
                         max_retries=self._max_retries,
-                        http_client=_aiohttp_client() if is_owned_loop(loop) else None,
+                        http_client=self._http_client(is_owned_loop(loop)),
                     )
                 except openai.OpenAIError as exc:  # e.g. no API key anywhere
                     raise ModelError(f"cannot create the OpenAI client: {exc}") from exc
                 self._clients[loop] = client
             return client
 
+    def _http_client(self, owned_loop: bool) -> Any:
+        """The client's HTTP client, its transports under the whole-request deadline
+        (``timeout``) and the reply cap (``max_reply_bytes``) of
+        :mod:`~relevancy_tracer.models.bounded_http`: openai's aiohttp client on a loop this
+        package owns (when installed), else openai's default httpx client."""
+        from .bounded_http import bounded_client, default_client_class
 
-def _aiohttp_client() -> Any:
-    """openai's aiohttp transport when ``openai[aiohttp]`` is installed, else None (httpx).
+        base = _aiohttp_client_class() if owned_loop else None
+        if base is not None:
+            try:
+                return bounded_client(base, self._timeout, self._max_reply_bytes)
+            except Exception:  # aiohttp missing or incompatible: the default transport works
+                pass
+        return bounded_client(default_client_class(), self._timeout, self._max_reply_bytes)
+
+
+def _aiohttp_client_class() -> Any:
+    """openai's aiohttp client class when ``openai[aiohttp]`` is installed, else None (httpx).
 
     Measured in benchmarks/throughput.py: the client's CPU per chat + embeddings pair drops from
     about 10 ms to 5.5 ms, the largest cost of an evaluation against a fast endpoint.
@@ -144,12 +165,9 @@ def _aiohttp_client() -> Any:
     import openai
 
     factory = getattr(openai, "DefaultAioHttpClient", None)
-    if factory is None or type(factory).__name__.startswith("_Missing") or getattr(factory, "__name__", "").startswith("_Missing"):
+    if factory is None or getattr(factory, "__name__", "").startswith("_Missing"):
         return None
-    try:
-        return factory()
-    except Exception:  # aiohttp missing or incompatible: the default transport works
-        return None
+    return factory
 
 
 def _describe(exc: BaseException) -> str:
@@ -166,8 +184,11 @@ class OpenAIChatModel:
         model: model name sent with each request (e.g. ``gpt-4o-mini``, a vLLM model id).
         base_url: endpoint base URL, or None for the client's default.
         api_key: key; None falls back to the client's ``OPENAI_API_KEY`` handling.
-        timeout: seconds per HTTP request. max_retries: retries per request (client backoff).
+        timeout: seconds for one HTTP request attempt, whole: connect, send, the reply's head
+            and all of its body. max_retries: retries per request (client backoff).
         response_format: ``json_object``, ``json_schema`` or ``none``.
+        max_reply_bytes: largest reply body (decompressed); a larger one is refused without
+            being read whole (``ModelError``).
     """
 
     def __init__(
@@ -179,9 +200,10 @@ class OpenAIChatModel:
         timeout: float = 60.0,
         max_retries: int = 3,
         response_format: str = "json_object",
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ):
         self.name = model
-        self._pool = _ClientPool(base_url, api_key, timeout, max_retries)
+        self._pool = _ClientPool(base_url, api_key, timeout, max_retries, max_reply_bytes)
         self._response_format = response_format
         self._token_param = "max_tokens"
         self._logprobs = True  # switched off for servers that reject the parameter
@@ -252,7 +274,9 @@ def digit_distribution(response: Any, key: str) -> Optional[dict[int, float]]:
 
     Walks ``choices[0].logprobs.content``, rebuilding the text token by token; at the first token
     holding a digit after ``"<key>":`` it sums the ``top_logprobs`` mass of each digit (tokens
-    like " 7" count as 7) and normalises over the digits. None when the server sent no logprobs.
+    like " 7" count as 7) and normalises over the digits. None when the server sent no logprobs,
+    or a malformed one (not a number, not finite, above 0): the judge then reads the sampled
+    number. Never raises for what the server sent.
     """
     try:
         content = response.choices[0].logprobs.content
@@ -267,13 +291,29 @@ def digit_distribution(response: Any, key: str) -> Optional[dict[int, float]]:
         if token.strip()[:1].isdigit() and pattern.search(text + token[: len(token) - len(token.lstrip())]):
             probs: dict[int, float] = {}
             for alternative in getattr(item, "top_logprobs", None) or []:
-                alt = (getattr(alternative, "token", "") or "").strip()
-                if len(alt) >= 1 and alt[0].isdigit():
-                    probs[int(alt[0])] = probs.get(int(alt[0]), 0.0) + math.exp(alternative.logprob)
+                alt = getattr(alternative, "token", "") or ""
+                alt = alt.strip() if isinstance(alt, str) else ""
+                if alt[:1] and alt[0] in "0123456789":
+                    logprob = _logprob(getattr(alternative, "logprob", None))
+                    if logprob is None:  # a malformed reply: the judge falls back on the sampled number
+                        logger.debug("relevancy-tracer: %s sent an unreadable logprob; using the sampled number", key)
+                        return None
+                    probs[int(alt[0])] = probs.get(int(alt[0]), 0.0) + math.exp(logprob)
             total = sum(probs.values())
             return {d: p / total for d, p in probs.items()} if total > 0 else None
-        text += token
+        text += token if isinstance(token, str) else ""
     return None
+
+
+def _logprob(value: Any) -> Optional[float]:
+    """A log probability as a float, or None when it is not one: not a real number (a string,
+    a bool), not finite, or above 0 beyond rounding (``exp`` of 1000.0 overflows)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    if not math.isfinite(value) or value > 1e-6:
+        return None
+    return min(value, 0.0)
 
 
 def _chat_reply(response: Any, default_model: str) -> ChatReply:
@@ -297,6 +337,7 @@ class OpenAIEmbedder:
 
     All texts go in one ``embeddings.create`` request; rows are returned in input order
     (sorted by the reply's ``index``). Vectors are float32 (n, d), as the server sent them.
+    ``timeout``, ``max_retries`` and ``max_reply_bytes`` as for :class:`OpenAIChatModel`.
     """
 
     def __init__(
@@ -307,9 +348,10 @@ class OpenAIEmbedder:
         api_key: Optional[str] = None,
         timeout: float = 60.0,
         max_retries: int = 3,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ):
         self.name = model
-        self._pool = _ClientPool(base_url, api_key, timeout, max_retries)
+        self._pool = _ClientPool(base_url, api_key, timeout, max_retries, max_reply_bytes)
 
     async def embed(self, texts: Sequence[str]) -> EmbeddingReply:
         import openai

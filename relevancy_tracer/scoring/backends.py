@@ -65,6 +65,7 @@ def build_llm(settings: Settings) -> ChatModel:
         timeout=settings.llm_timeout,
         max_retries=settings.llm_max_retries,
         response_format=settings.llm_response_format,
+        max_reply_bytes=settings.llm_max_reply_bytes,
     )
 
 
@@ -84,6 +85,7 @@ def build_embedder(settings: Settings) -> Embedder:
         api_key=settings.resolved_embedding_api_key,
         timeout=settings.llm_timeout,
         max_retries=settings.llm_max_retries,
+        max_reply_bytes=settings.llm_max_reply_bytes,
     )
 
 

@@ -184,6 +184,8 @@ class FleetWorker:
             if transient and delivery.deliveries < limit:
                 self._failed(delivery, result.status, result.status)
                 continue
+            if not await asyncio.to_thread(self._may_write, delivery):
+                continue
             try:
                 await asyncio.to_thread(self.scorer.write, request, result)
             except Exception as exc:  # an annotation write failed after retries
@@ -203,6 +205,34 @@ class FleetWorker:
                 self.scored += 1
             else:
                 self.failed += 1
+
+    def _may_write(self, delivery: Any) -> bool:
+        """Whether this worker still holds ``delivery``'s job and it is not done (checked
+        atomically in Redis, :meth:`RedisStreamQueue.may_write`). A job another worker took
+        while this one was paused past ``claim_idle``, or finished, is dropped here: counted
+        as skipped, its result never written. Redis unreachable or full: written (as before
+        the check), the acknowledgement settles it."""
+        evaluation_id = delivery.request.evaluation_id if delivery.request is not None else None
+        try:
+            state = self.queue.may_write(self.consumer, delivery.entry_id, evaluation_id)
+        except Exception as exc:
+            logger.warning(
+                "relevancy-tracer worker: cannot check that job %s is still held (%s); writing its result",
+                delivery.entry_id, describe_redis_error(exc),
+            )
+            return True
+        if state == "held":
+            return True
+        self.skipped += 1
+        self.telemetry.dropped_results.add(1, {"error.type": "job_" + state})
+        with self._held_lock:
+            self._held.pop(delivery.entry_id, None)
+        logger.warning(
+            "relevancy-tracer worker: job %s was %s by another worker while this one scored it"
+            " (paused longer than --claim-idle?); its result is dropped",
+            delivery.entry_id, "finished" if state == "done" else "reclaimed",
+        )
+        return False
 
     def _failed(self, delivery: Any, error: str, error_type: str) -> None:
         """A failure of one delivery: pending for redelivery with backoff, or dead-lettered on

@@ -16,7 +16,11 @@ none is queued twice.
   exporter, reclaimed after a crash that happened after the export) is recognised and
   acknowledged without being scored twice;
 * while a worker holds a job it extends its claim (``XCLAIM ... JUSTID`` every quarter of
-  ``claim_idle``), so a slow evaluation is never taken by another worker;
+  ``claim_idle``, only while the job is still its own), so a slow evaluation is never taken by
+  another worker;
+* a worker writes a result only while it still holds the job and it is not done, checked and
+  its claim extended in one Lua script (:meth:`may_write`): a worker paused past ``claim_idle``
+  (SIGSTOP, a GC pause, a VM migration) whose job another worker took drops its result;
 * a job left pending (its worker died, or released it after a transient failure) is
   reclaimed by any worker with ``XCLAIM`` once idle for its retry delay, ``claim_idle`` times
   2^(deliveries - 1) (exponential backoff; at most ``max(claim_idle, 900)`` s); the claim's
@@ -53,6 +57,37 @@ DEAD_LETTER_SUFFIX = ":dead-letter"
 #: Default bound of the dead-letter stream in bytes of its entries' fields (64 MiB: about
 #: 1,600 letters of the largest jobs the default budgets allow, 41 KB, more of smaller ones).
 DEAD_LETTER_MAX_BYTES = 64 * 1024 * 1024
+
+
+#: Extends the claim of the entries ``ARGV[3..]`` of stream ``KEYS[1]`` (group ``ARGV[1]``) that
+#: consumer ``ARGV[2]`` still holds; returns how many. An entry another worker reclaimed
+#: meanwhile (this one was paused) is left to it: ``XCLAIM`` with no minimum idle time would
+#: take it back.
+_EXTEND_HELD = """
+local extended = 0
+for i = 3, #ARGV do
+    local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+    if #pending > 0 and pending[1][2] == ARGV[2] then
+        redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+        extended = extended + 1
+    end
+end
+return extended
+"""
+
+#: Whether consumer ``ARGV[2]`` may write the result of entry ``ARGV[3]`` of stream ``KEYS[1]``
+#: (group ``ARGV[1]``), whose done marker is ``KEYS[2]``: ``done`` (marker set: another worker
+#: wrote it), ``lost`` (the entry is no longer pending for this consumer: reclaimed by another
+#: worker, or acknowledged), else ``held``, and its claim is extended (its idle time reset), so
+#: no worker reclaims it for ``claim_idle`` while the result is written. One script: nothing
+#: runs between the checks and the extension.
+_MAY_WRITE = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'done' end
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if #pending == 0 or pending[1][2] ~= ARGV[2] then return 'lost' end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
+return 'held'
+"""
 
 
 def consumer_name() -> str:
@@ -108,6 +143,9 @@ class RedisStreamQueue:
         self.dead_letter_bytes_key = self.dead_letter_stream + ":bytes"
         self.groups_created = 0
         self._claim_cursor = "-"
+        self._extend_held = self.redis.register_script(_EXTEND_HELD)
+        self._may_write = self.redis.register_script(_MAY_WRITE)
+        self._scripts_allowed = True  # False once Redis said NOPERM (an ACL without +@scripting)
         try:
             self._create_group()
         except redis.RedisError as exc:  # Redis full or unreachable: the first read creates it
@@ -251,9 +289,67 @@ class RedisStreamQueue:
 
     def extend(self, consumer: str, entry_ids: list[str]) -> None:
         """Reset the idle time of jobs ``consumer`` holds (``XCLAIM ... JUSTID``: the delivery
-        count is unchanged), so no other worker reclaims them while they are being scored."""
+        count is unchanged), so no other worker reclaims them while they are being scored.
+        Checked and extended in one Lua script: a job another worker reclaimed meanwhile (this
+        one was paused past ``claim_idle``) is not taken back."""
         if entry_ids:
-            self._grouped(lambda: self.redis.xclaim(self.stream, self.group, consumer, 0, entry_ids, justid=True))
+            self._scripted(
+                lambda: self._extend_held(keys=[self.stream], args=[self.group, consumer, *entry_ids]),
+                lambda: self._extend_held_unscripted(consumer, entry_ids),
+            )
+
+    def _holder(self, entry_id: str) -> Optional[str]:
+        """The consumer holding the pending entry ``entry_id``, or None when it is not pending."""
+        pending = self.redis.xpending_range(self.stream, self.group, entry_id, entry_id, 1)
+        return _text(pending[0]["consumer"]) if pending else None
+
+    def _extend_held_unscripted(self, consumer: str, entry_ids: list[str]) -> None:
+        """:meth:`extend` for a Redis user that may not run scripts: the same checks, not atomic."""
+        mine = [entry_id for entry_id in entry_ids if self._holder(entry_id) == consumer]
+        if mine:
+            self.redis.xclaim(self.stream, self.group, consumer, 0, mine, justid=True)
+
+    def _may_write_unscripted(self, consumer: str, entry_id: str, done_key: str) -> str:
+        """:meth:`may_write` for a Redis user that may not run scripts: the same checks, not atomic."""
+        if self.redis.exists(done_key):
+            return "done"
+        if self._holder(entry_id) != consumer:
+            return "lost"
+        self.redis.xclaim(self.stream, self.group, consumer, 0, [entry_id], justid=True)
+        return "held"
+
+    def _scripted(self, scripted: Callable[[], Any], unscripted: Callable[[], Any]) -> Any:
+        """Run ``scripted`` (a Lua script), or ``unscripted`` when the Redis user may not run
+        scripts (an ACL without ``+@scripting``: ``NOPERM``); that is logged once, and from then
+        on the checks run as separate commands (not atomic: a worker paused between them could
+        still write a result twice)."""
+        if self._scripts_allowed:
+            try:
+                return self._grouped(scripted)
+            except Exception as exc:
+                if "NOPERM" not in str(exc) and type(exc).__name__ != "NoPermissionError":
+                    raise
+                self._scripts_allowed = False
+                logger.warning(
+                    "relevancy-tracer: the Redis user may not run Lua scripts (%s); a job's ownership is checked with"
+                    " separate commands, not atomically: allow +evalsha and +eval (or +@scripting) for the worker's user",
+                    describe_redis_error(exc),
+                )
+        return self._grouped(unscripted)
+
+    def may_write(self, consumer: str, entry_id: str, evaluation_id: Optional[str]) -> str:
+        """Whether ``consumer`` may write the result of the job ``entry_id`` now: ``held`` (it
+        still holds the job and no result was recorded as done; its claim is extended, so
+        nobody reclaims it while the result is written and exported), ``done`` (another worker
+        finished it) or ``lost`` (another worker reclaimed it: this one was paused past
+        ``claim_idle``). Checked atomically (one Lua script), so of two workers that scored the
+        same job one writes. Raises ``redis.RedisError`` (unreachable, out of memory)."""
+        done_key = DONE_PREFIX + (evaluation_id or "")
+        answer = self._scripted(
+            lambda: self._may_write(keys=[self.stream, done_key], args=[self.group, consumer, entry_id]),
+            lambda: self._may_write_unscripted(consumer, entry_id, done_key),
+        )
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
 
     def is_done(self, evaluation_id: str) -> bool:
         return bool(self.redis.exists(DONE_PREFIX + evaluation_id))

@@ -45,10 +45,12 @@ thread while its message is on the way; it gets a decoding turn under the same
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import hmac
 import logging
 import math
+import os
 import ssl
 import queue
 import threading
@@ -66,6 +68,10 @@ def _setting_default(name: str) -> Any:
     """The default of a :class:`~relevancy_tracer.config.Settings` field: the one place it is written."""
     return Settings.__dataclass_fields__[name].default
 
+
+#: Seconds between two log lines about connections the process could not accept (out of file
+#: descriptors): one line with the count per interval, never one per failed accept.
+ACCEPT_ERROR_LOG_INTERVAL = 10.0
 
 #: The decoding budget (:class:`~relevancy_tracer.service.otlp.DecodeBudget`) in units of
 #: ``max_request_bytes``: the largest request of spans without attributes fits alone.
@@ -320,7 +326,9 @@ class OTLPServer:
             reason)`` for each retryable refusal; protocol ``"http"`` or ``"grpc"``, reason
             ``"queue_full"`` (429 / UNAVAILABLE), ``"too_many_connections"`` (503 on connect),
             ``"too_many_requests"`` (503: no body slot within ``body_timeout``) or
-            ``"decoding_budget"`` (503: no room in the decoding budget within ``body_timeout``).
+            ``"decoding_budget"`` (503: no room in the decoding budget within ``body_timeout``);
+            also ``"unauthenticated"`` for each request refused for its token (401 /
+            UNAUTHENTICATED, not retryable).
         token: when set, every export request must carry ``Authorization: Bearer <token>``
             (HTTP header, gRPC metadata); ``/healthz`` stays open.
         tls_cert, tls_key: PEM files; both set: HTTPS and gRPC over TLS.
@@ -370,6 +378,9 @@ class OTLPServer:
         #: default), at least 64 MiB
         self._budget: Optional[DecodeBudget] = DecodeBudget(max(MIN_DECODE_BUDGET, DECODE_BUDGET_FACTOR * limits.max_request_bytes))
         self._grpc: Any = None
+        self._accept_errors = 0
+        self._accept_error_logged = -math.inf
+        self._accept_errors_lock = threading.Lock()
         self.http_port: Optional[int] = None
         self.grpc_port: Optional[int] = None
         self._want_http, self._want_grpc = http_port, grpc_port
@@ -386,7 +397,10 @@ class OTLPServer:
         if self._token is None:
             return True
         scheme, _, credentials = (header or "").strip().partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self._token)
+        # a header's undecodable bytes arrive as lone surrogates (surrogateescape): compared as
+        # the bytes sent, never an exception (they cannot match a printable ASCII token)
+        sent = credentials.strip().encode("utf-8", "surrogateescape")
+        return scheme.lower() == "bearer" and hmac.compare_digest(sent, self._token)
 
     def start(self) -> "OTLPServer":
         """Bind and serve. Raises OSError when a port is taken or the TLS files are bad."""
@@ -407,6 +421,7 @@ class OTLPServer:
         """The event loop both receivers run on (one thread), and the decoding threads."""
         self._pool = _DaemonPool(self.limits.max_inflight, "relevancy-tracer-otlp-decode")
         loop = asyncio.new_event_loop()
+        loop.set_exception_handler(self._loop_error)
         self._loop = loop
         self._thread = threading.Thread(target=loop.run_forever, name="relevancy-tracer-otlp", daemon=True)
         self._thread.start()
@@ -416,6 +431,29 @@ class OTLPServer:
             self._stopping = asyncio.Event()
 
         self._run(slots())
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        """The receivers' loop's exception handler. A failed ``accept()`` for want of file
+        descriptors (``EMFILE``/``ENFILE``: the process is at its ``RLIMIT_NOFILE``; asyncio
+        retries the accept after 1 s) is counted as a refusal (``out_of_file_descriptors``) and
+        logged once per :data:`ACCEPT_ERROR_LOG_INTERVAL` with the count, not once per failed
+        accept with a traceback; everything else goes to asyncio's default handler."""
+        error = context.get("exception")
+        if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            self.count_refusal("http", "out_of_file_descriptors")
+            now = time.monotonic()
+            with self._accept_errors_lock:
+                self._accept_errors += 1
+                if now - self._accept_error_logged < ACCEPT_ERROR_LOG_INTERVAL:
+                    return
+                count, self._accept_errors, self._accept_error_logged = self._accept_errors, 0, now
+            logger.warning(
+                "relevancy-tracer serve: %d connection(s) not accepted in the last %.0f s: %s (the process's file"
+                " descriptor limit; lower receiver_max_connections or raise the limit)",
+                count, ACCEPT_ERROR_LOG_INTERVAL, os.strerror(error.errno or 0),
+            )
+            return
+        loop.default_exception_handler(context)
 
     def _run(self, coroutine: Any, timeout: float = 30.0) -> Any:
         assert self._loop is not None
@@ -554,6 +592,7 @@ class OTLPServer:
         if request.method != "POST":
             return error(405, INVALID_ARGUMENT, "use POST", {"Allow": "POST"})
         if not self.authorized(request.headers.get("Authorization")):
+            self.count_refusal("http", "unauthenticated")
             return error(401, UNAUTHENTICATED, "missing or wrong bearer token (Authorization: Bearer <token>)", {"WWW-Authenticate": "Bearer"})
         if "json" not in content_type and "protobuf" not in content_type:
             return error(415, INVALID_ARGUMENT, "use Content-Type application/x-protobuf or application/json")
@@ -698,7 +737,10 @@ class OTLPServer:
         ``body_timeout`` after it got one of the ``max_inflight`` decoding slots (a call
         waiting longer for its slot gets UNAVAILABLE with ``retry-after: 1``; one whose message
         does not arrive in time, DEADLINE_EXCEEDED). At most ``max_connections`` calls are in
-        progress at once (grpcio answers RESOURCE_EXHAUSTED above)."""
+        progress at once (grpcio answers RESOURCE_EXHAUSTED above), and at most ``max_connections``
+        connections are open (grpc core closes one more at once, before any handshake); a
+        connection that completes no handshake within ``idle_timeout`` is closed, an idle one
+        after ``10 * idle_timeout``."""
         import grpc
 
         limits = self.limits
@@ -710,6 +752,12 @@ class OTLPServer:
             ("grpc.max_receive_message_length", min(limits.max_request_bytes, MAX_INT32)),  # also bounds the decompressed size
             ("grpc.max_connection_idle_ms", min(int(limits.idle_timeout * 10_000), MAX_INT32)),
             ("grpc.max_concurrent_streams", 100),
+            # connections, counted by grpc core before any handshake (raw TCP without an HTTP/2
+            # preface too): above the cap a new one is closed at once, so a flood of idle
+            # connections cannot take every file descriptor of the process
+            ("grpc.max_allowed_incoming_connections", limits.max_connections),
+            # a connection that completes no HTTP/2 (and TLS) handshake in idle_timeout is closed
+            ("grpc.server_handshake_timeout_ms", min(int(limits.idle_timeout * 1000), MAX_INT32)),
         ]
         server = grpc.aio.server(handlers=handlers, interceptors=[_TokenCheck(self)], options=options, maximum_concurrent_rpcs=limits.max_connections)
         address = f"{self.host}:{port}"
@@ -808,6 +856,7 @@ def _token_check_class() -> Any:
             metadata = {key: value for key, value in (details.invocation_metadata or ()) if isinstance(value, str)}
             if self._server.authorized(metadata.get("authorization")):
                 return await continuation(details)
+            self._server.count_refusal("grpc", "unauthenticated")
             return self._refuse
 
     return TokenCheck

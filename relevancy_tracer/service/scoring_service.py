@@ -102,6 +102,59 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: Descriptors `serve` keeps for itself beyond its connections (listeners, Redis, exporters,
+#: the model clients' pools, log files).
+OWN_DESCRIPTORS = 256
+
+
+def descriptors_needed(max_connections: int) -> int:
+    """File descriptors ``serve`` may hold with ``receiver_max_connections`` at
+    ``max_connections``: HTTP connections, as many lingering 503s, gRPC connections, and
+    :data:`OWN_DESCRIPTORS`."""
+    return 3 * max_connections + OWN_DESCRIPTORS
+
+
+def ensure_descriptors(needed: int) -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` towards ``needed`` (never above the hard
+    limit, never lowering it), as servers commonly do at start; warn once when the hard limit
+    is below ``needed``. Returns the soft limit in force. Never raises."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            logger.warning(
+                "relevancy-tracer serve: the file descriptor limit (%d) is below the %d that receiver_max_connections"
+                " may need (3 x connections + %d); lower RELEVANCY_TRACER_RECEIVER_MAX_CONNECTIONS or raise the limit",
+                soft, needed, OWN_DESCRIPTORS,
+            )
+        return int(soft)
+    except (ImportError, ValueError, OSError):  # no resource module (Windows), or not allowed
+        return -1
+
+
+def token_problem(token: Optional[str]) -> Optional[str]:
+    """Why a bearer token can never match, or None when it can (or is unset). A client sends
+    ``Authorization: Bearer <token>`` as an HTTP header or gRPC metadata, whose values are
+    printable ASCII (gRPC: 0x20-0x7E; surrounding whitespace is dropped by both): a token with
+    another character (a newline inside, a control or non-ASCII character) is never received
+    as it was set. Surrounding whitespace is stripped by the setting itself."""
+    if token is None:
+        return None
+    if not token.strip():
+        return "is empty"
+    for index, char in enumerate(token):
+        if not " " <= char <= "~":
+            return f"holds {char!r} at character {index + 1} (not printable ASCII)"
+    if token != token.strip():
+        return "starts or ends with whitespace"
+    return None
+
+
 class ScoringService:
     """The OTLP receiver with its queue and, in process, its scorers.
 
@@ -122,7 +175,8 @@ class ScoringService:
             from the settings' ``max_request_bytes`` and ``receiver_*``).
 
     Raises:
-        ValueError: a non-loopback ``host`` without ``service_token`` and without
+        ValueError: a ``service_token`` no client can send (see :func:`token_problem`); a
+            non-loopback ``host`` without ``service_token`` and without
             ``allow_unauthenticated`` (anyone reaching the port would spend the model budget);
             only one of ``tls_cert`` / ``tls_key``.
         OSError: from :meth:`start` when a port is taken or the TLS files cannot be loaded.
@@ -144,6 +198,12 @@ class ScoringService:
     ):
         self.settings = settings or Settings.resolve()
         s = self.settings
+        unsendable = token_problem(s.service_token)
+        if unsendable:
+            raise ValueError(
+                f"the service token (RELEVANCY_TRACER_SERVICE_TOKEN) {unsendable}: no client could authenticate;"
+                " use printable ASCII (e.g. `openssl rand -hex 32`)"
+            )
         if not s.service_token and not allow_unauthenticated and not is_loopback(host):
             raise ValueError(f"serve on {host} without a service token would let anyone who reaches the port spend the model budget: set RELEVANCY_TRACER_SERVICE_TOKEN (clients send Authorization: Bearer <token>), or pass --allow-unauthenticated when a Collector in front authenticates")
         if s.service_token and not tls_cert and not is_loopback(host):
@@ -192,6 +252,9 @@ class ScoringService:
         self.refused = 0
 
     def start(self) -> "ScoringService":
+        """Listen and serve (see the class). Raises OSError when a port is taken or the TLS
+        files cannot be loaded."""
+        ensure_descriptors(descriptors_needed(self.limits.max_connections))
         self.server.start()
         self._sweeper = threading.Thread(target=self._sweep, name="relevancy-tracer-join", daemon=True)
         self._sweeper.start()

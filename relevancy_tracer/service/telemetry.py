@@ -58,9 +58,10 @@ class ServiceTelemetry:
         self.logger = self.logger_provider.get_logger("relevancy_tracer")
         self.metrics = RelevancyMetrics(str(self.resource.attributes.get("service.name", "relevancy-tracer")), queue_depth or (lambda: 0), meter_provider=self.meter_provider)
         meter = self.meter_provider.get_meter("relevancy_tracer")
-        self.refused = meter.create_counter("relevancy.service.refused", unit="{request}", description="OTLP export requests and connections refused with a retryable code, by error.type: queue_full (429 / UNAVAILABLE), too_many_connections (503 on connect), too_many_requests (503: no body slot in time)")
+        self.refused = meter.create_counter("relevancy.service.refused", unit="{request}", description="OTLP export requests and connections refused with a retryable code, by error.type: queue_full (429 / UNAVAILABLE), too_many_connections (503 on connect), too_many_requests (503: no body slot in time); also unauthenticated (401 / UNAUTHENTICATED, not retryable)")
         self.reclaimed = meter.create_counter("relevancy.service.reclaimed", unit="{evaluation}", description="Pending jobs reclaimed from the Redis Stream (their worker died, or released them after a transient failure)")
         self.retried = meter.create_counter("relevancy.service.retried", unit="{evaluation}", description="Jobs left pending for redelivery with backoff after a transient failure, by error.type")
+        self.dropped_results = meter.create_counter("relevancy.service.dropped_results", unit="{evaluation}", description="Results a fleet worker scored and did not write, as the job was no longer its own, by error.type: job_lost (another worker reclaimed it: this one was paused past --claim-idle), job_done (another worker finished it)")
         self.dead_lettered = meter.create_counter("relevancy.service.dead_lettered", unit="{evaluation}", description="Jobs moved to the dead-letter stream (malformed, or failed on their max_deliveries-th delivery), by error.type")
         self.max_projects = max_projects
         self._providers: "OrderedDict[Optional[str], Any]" = OrderedDict()
