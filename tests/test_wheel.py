@@ -80,6 +80,8 @@ def test_the_wheel_holds_every_module_and_the_shipped_data(installed):
     expected = {str(p.relative_to(ROOT)) for p in package.rglob("*.py") if "__pycache__" not in p.parts}
     expected |= {str(p.relative_to(ROOT)) for p in (package / "calibrations").glob("*.json")}
     expected |= {"relevancy_tracer/_examples/" + p.name for p in (ROOT / "examples").glob("*.py")}
+    # PEP 561: without it, users' type checkers ignore the package's annotations
+    expected.add("relevancy_tracer/py.typed")
     assert expected - names == set()
     # the lab (test servers, benchmarks, tests) is not the product
     assert not any(name.startswith(("tests/", "benchmarks/", "relevancy_tracer_testing/")) for name in names)
