@@ -42,7 +42,7 @@ def test_the_ratio_decides_as_the_sdk_for_any_trace_id_and_ratio(ratio, trace_id
 
 
 @settings(max_examples=300, deadline=None)
-@given(ratio=RATIOS, high=st.integers(min_value=0, max_value=(1 << 64) - 1), delta=st.integers(min_value=-2, max_value=2))
+@given(ratio=RATIOS, high=st.integers(min_value=0, max_value=(1 << 64) - 1), delta=st.integers(-2, 2))
 def test_the_ratio_decides_as_the_sdk_at_its_bound(ratio, high, delta):
     """Trace ids whose lower 64 bits lie next to the bound: where an off-by-one would show."""
     low = min(max(TraceIdRatioBased.get_bound_for_rate(ratio) + delta, 0), (1 << 64) - 1)

@@ -27,7 +27,6 @@ from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 from .._background import fork as _fork
 
-
 _UNSET: Any = object()
 
 
