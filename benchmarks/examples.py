@@ -174,7 +174,7 @@ def _round(value: Any, digits: int = 3) -> Any:
 # ------------------------------------------------------------------------------ score
 
 
-PROGRESS = re.compile(r"^\s*\d+%\|.*\|\s*\d+/\d+ \[.*\]\s*$")
+PROGRESS = re.compile(r"^\s*\d+%\|.*\|\s*[\d.]+[kMGTPEZY]?/[\d.]+[kMGTPEZY]? \[.*\]\s*$")
 
 
 def parse_score_stderr(stderr: str) -> tuple[str, str]:
