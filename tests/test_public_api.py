@@ -97,7 +97,10 @@ def test_the_local_models_for_the_apps_own_use_come_from_the_model_host(tmp_path
     monkeypatch.setenv("RELEVANCY_TRACER_EMBEDDINGS", "local")
     monkeypatch.setenv("RELEVANCY_TRACER_EMBEDDING_MODEL", "fake-host-embed")
     embedder = relevancy_tracer.local_embedder("fake-host-embed")
-    vectors = embedder.embed_sync(["Where is Paris?", "Paris is in France."])
-    assert embedder.name == "fake-host-embed" and vectors.shape[0] == 2 and vectors.shape[1] > 0
-    chat = relevancy_tracer.local_chat_model("fake-host-chat")
-    assert type(chat).__name__ == "HostChatModel" and callable(chat.generate)
+    try:
+        vectors = embedder.embed_sync(["Where is Paris?", "Paris is in France."])
+        assert embedder.name == "fake-host-embed" and vectors.shape[0] == 2 and vectors.shape[1] > 0
+        chat = relevancy_tracer.local_chat_model("fake-host-chat")
+        assert type(chat).__name__ == "HostChatModel" and callable(chat.generate)
+    finally:
+        embedder.connection.close()  # the host exits once its last client has gone
