@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test venv dev-venv system-deps bench docs clean
+.PHONY: demo test lint venv dev-venv system-deps bench docs clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,16 @@ system-deps:
 
 test: $(VENV)/.installed-dev system-deps
 	$(PY) -m pytest -ra
+
+# The linter, the formatter's check and the type checker ([tool.ruff] and [tool.mypy] in
+# pyproject.toml; mypy is strict on the modules of the public API). Each runs even when one
+# before it fails; the exit status says whether all passed. Not part of `make test` yet.
+lint: $(VENV)/.installed-dev
+	@status=0; \
+	echo "== ruff check"; $(VENV)/bin/ruff check . || status=1; \
+	echo "== ruff format --check"; $(VENV)/bin/ruff format --check . || status=1; \
+	echo "== mypy"; $(VENV)/bin/mypy || status=1; \
+	exit $$status
 
 # The documentation site (docs/, mkdocs.yml) into site/; `make test` builds it too (tests/test_docs.py).
 docs: $(VENV)/.installed-dev

@@ -174,7 +174,7 @@ def _round(value: Any, digits: int = 3) -> Any:
 # ------------------------------------------------------------------------------ score
 
 
-PROGRESS = re.compile(r"^\s*\d+%\|.*\|\s*\d+/\d+ \[.*\]\s*$")
+PROGRESS = re.compile(r"^\s*\d+%\|.*\|\s*[\d.]+[kMGTPEZY]?/[\d.]+[kMGTPEZY]? \[.*\]\s*$")
 
 
 def parse_score_stderr(stderr: str) -> tuple[str, str]:
@@ -233,9 +233,7 @@ import sys
 from relevancy_tracer_testing import use_scripted_host_models
 use_scripted_host_models()
 from relevancy_tracer._examples import rag_app
-from relevancy_tracer.config import Settings
-from relevancy_tracer.scoring.backends import build_embedder
-rag_app.build_embedder = lambda settings: build_embedder(Settings.resolve(embeddings="local", embedding_model="fake-host-embed"))
+rag_app.EMBEDDING_MODEL = "fake-host-embed"  # the scripted embedder, through the model host
 # the scripted answers: passage sentences, and "I don't know" where the reference has no answer
 rag_app.local_generator = lambda question, passages: rag_app.UNKNOWN if any(w in question for w in ("Australia", "numpy", "FIFA")) else rag_app.extractive_generator(question, passages)
 from relevancy_tracer.cli import main

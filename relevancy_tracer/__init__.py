@@ -10,6 +10,8 @@ Tracing::
     def answer(question: str) -> str:
         ...
 
+Samplers for ``configure(sampler=...)`` are in :mod:`relevancy_tracer.samplers`.
+
 Engine (batch and ad hoc scoring)::
 
     import relevancy_tracer
@@ -29,7 +31,7 @@ from .tracing.decorator import instrument, trace
 from .tracing.drift import DriftEvent, DriftMonitor
 from .tracing.extraction import CallInfo
 from .result import RelevancyResult, Status
-from .tracing.sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler
+from .tracing.sampling import SamplingContext
 from .tracing.job import EvaluationOutcome
 from .tracing.lifecycle import configure, flush, shutdown
 from .scoring.engine import Engine
@@ -85,6 +87,77 @@ def evaluate(
     return lifecycle.get_engine().evaluate(rows, concurrency=concurrency, as_dataframe=as_dataframe, mapping=mapping, **overrides)
 
 
+def local_chat_model(model: str = "qwen2.5-coder-1.5b", *, threads: Optional[int] = None) -> Any:
+    """An embedded local chat model for the app's own generation (the example RAG app answers
+    with it). With ``local_host`` on (the default) it is the machine's model host's model, the
+    one the scorer uses (one llama.cpp context, whose decoder batches the app's generations
+    with the scorer's requests); with ``RELEVANCY_TRACER_LOCAL_HOST=0`` an in-process instance
+    of its own with ``threads`` CPU threads (default: the CPUs this process may use).
+
+    Args:
+        model: a local model name (docs/models.md), default ``qwen2.5-coder-1.5b``.
+        threads: CPU threads of an in-process model (ignored with the model host).
+
+    Returns:
+        An object whose ``generate(messages, *, max_tokens=256, temperature=0.0) -> str``
+        answers OpenAI-style chat ``messages``, blocking; the model loads on the first call.
+
+    Nothing raises here: a model that cannot be loaded (unknown, or no ``local`` extra) makes
+    ``generate`` raise, as a failed generation does.
+    """
+    from .scoring.backends import build_llm
+
+    settings = Settings.resolve(llm="local", llm_model=model)
+    if settings.local_host:
+        return build_llm(settings)
+    from .models.local_llm import LocalChatModel
+
+    return LocalChatModel(model, threads=threads)
+
+
+def local_embedder(model: str = "use-multilingual-v3") -> Any:
+    """An embedded local embedding model for the app's own retrieval (the example RAG app
+    embeds its passages with it): the model host's with ``local_host`` on (the default), else
+    one in this process, shared with the scorer.
+
+    Args:
+        model: a local embedding model name (docs/models.md), default ``use-multilingual-v3``.
+
+    Returns:
+        An object with ``name`` (the model name) and ``embed_sync(texts) -> numpy.ndarray``:
+        (n, d) float32 L2-normalised vectors, blocking; the model loads on the first call.
+
+    Nothing raises here: a model that cannot be loaded (unknown, or its extra missing) makes
+    ``embed_sync`` raise, as a failed embedding does.
+    """
+    from .scoring.backends import build_embedder
+
+    return build_embedder(Settings.resolve(embeddings="local", embedding_model=model))
+
+
+#: Names importable from the package before the samplers had a public module of their own:
+#: still importable from here, with a DeprecationWarning (see :func:`__getattr__`).
+_MOVED_TO_SAMPLERS = ("AllOf", "AlwaysOff", "AlwaysOn", "CallableSampler", "RateLimitSampler", "TraceIdRatioSampler")
+
+
+def __getattr__(name: str) -> Any:
+    """``relevancy_tracer.AllOf`` and the other sampler classes of :data:`_MOVED_TO_SAMPLERS`:
+    the class from :mod:`relevancy_tracer.samplers`, with a DeprecationWarning. Raises
+    AttributeError for any other unknown name."""
+    if name in _MOVED_TO_SAMPLERS:
+        import warnings
+
+        from . import samplers
+
+        warnings.warn(
+            f"relevancy_tracer.{name} is deprecated: import it from relevancy_tracer.samplers",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(samplers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def drift_monitor() -> Optional[DriftMonitor]:
     """The current tracer's drift monitor (None when ``drift_detection`` is off or after
     ``shutdown()``)."""
@@ -92,23 +165,19 @@ def drift_monitor() -> Optional[DriftMonitor]:
     return runtime.drift if runtime is not None else None
 
 
+#: What the documentation teaches (docs/architecture.md, "The public API"; tests/test_public_api.py
+#: checks each is taught). The samplers are in relevancy_tracer.samplers.
 __all__ = [
-    "AllOf",
-    "AlwaysOff",
-    "AlwaysOn",
     "CallInfo",
-    "CallableSampler",
     "ColumnMapping",
     "DriftEvent",
     "DriftMonitor",
     "Engine",
     "EvaluationOutcome",
-    "RateLimitSampler",
     "RelevancyResult",
     "SamplingContext",
     "Settings",
     "Status",
-    "TraceIdRatioSampler",
     "__version__",
     "ascore",
     "configure",
@@ -116,6 +185,8 @@ __all__ = [
     "evaluate",
     "flush",
     "instrument",
+    "local_chat_model",
+    "local_embedder",
     "score",
     "shutdown",
     "trace",

@@ -9,6 +9,7 @@ callable ``fn(row) -> value``.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -129,12 +130,16 @@ def iter_rows(rows: Iterable[Any]) -> Iterator[Any]:
 @dataclass
 class InputRow:
     """One input record: its 1-based line (JSONL/CSV data line) and the data or a read error;
-    ``size``: the bytes it was read from (JSONL; 0 when not known)."""
+    ``size``: the bytes it was read from (JSONL; 0 when not known); ``consumed``: the bytes of a
+    JSONL or CSV input read since the previous row (a CSV header, blank lines, then this row's
+    own bytes), so that summed over the rows they are exactly the input's bytes up to the end
+    of the last row (0 for Parquet)."""
 
     line: int
     data: Optional[dict]
     error: Optional[str] = None
     size: int = 0
+    consumed: int = 0
 
 
 MAX_LINE_BYTES = 16 << 20
@@ -183,21 +188,33 @@ def _json_problem(value: Any, limit: int) -> Optional[str]:
     return None
 
 
-def _lines(stream: BinaryIO, limit: int) -> Iterator[Optional[bytes]]:
-    """The lines of ``stream`` (with their newline), None in place of a line longer than
-    ``limit`` bytes, whose rest is read and dropped in chunks: memory O(``limit``)."""
+def _lines(stream: BinaryIO, limit: int) -> Iterator[tuple[Optional[bytes], int]]:
+    """(line, its size in bytes) for the lines of ``stream`` (with their newline); None in place
+    of a line longer than ``limit`` bytes, whose rest is read and dropped in chunks: memory
+    O(``limit``)."""
     while True:
         line = stream.readline(limit + 1)
         if not line:
             return
         if len(line) <= limit or line.endswith(b"\n"):
-            yield line
+            yield line, len(line)
             continue
+        size = len(line)
         while True:  # too long: drop the rest of it
             rest = stream.readline(_SKIP_CHUNK)
+            size += len(rest)
             if not rest or rest.endswith(b"\n"):
                 break
-        yield None
+        yield None, size
+
+
+def _utf8_size(text: str) -> int:
+    """The bytes ``text`` was decoded from (UTF-8 with ``surrogateescape``: exact), encoded
+    back :data:`_SKIP_CHUNK` characters at a time so a huge line is not copied whole."""
+    if text.isascii():
+        return len(text)
+    chunks = (text[i : i + _SKIP_CHUNK] for i in range(0, len(text), _SKIP_CHUNK))
+    return sum(len(chunk.encode("utf-8", "surrogateescape")) for chunk in chunks)
 
 
 def _jsonl_row(number: int, raw: bytes) -> Optional[InputRow]:
@@ -235,14 +252,24 @@ def _not_utf8(record: dict) -> Optional[str]:
     return None
 
 
-def _csv_rows(handle: BinaryIO, delimiter: str) -> Iterator[InputRow]:
+def _csv_rows(handle: BinaryIO, delimiter: str, bom: bool) -> Iterator[InputRow]:
+    """The records of a CSV input, each with the bytes read for it (``consumed``); ``bom``:
+    the input starts with a UTF-8 byte-order mark (3 bytes the decoder drops)."""
     # Fields are as long as the data has them: the csv module's default cap (128 KiB) would
     # abort the whole run on one long answer; the length limits apply later, when scoring.
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
     # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name
     text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
-    reader = csv.DictReader(text, delimiter=delimiter)
-    number = 1
+    read = len(codecs.BOM_UTF8) if bom else 0  # bytes of the lines the reader took so far
+
+    def counted() -> Iterator[str]:
+        nonlocal read
+        for line in text:
+            read += _utf8_size(line)
+            yield line
+
+    reader = csv.DictReader(counted(), delimiter=delimiter)
+    number, reported = 1, 0
     while True:
         number += 1
         try:
@@ -250,13 +277,15 @@ def _csv_rows(handle: BinaryIO, delimiter: str) -> Iterator[InputRow]:
         except StopIteration:
             return
         except csv.Error as exc:
-            yield InputRow(number, None, f"line {number}: not CSV ({exc})")
-            continue
-        column = _not_utf8(record)
-        if column is not None:
-            yield InputRow(number, None, f"line {number}: not UTF-8 (column {column!r})")
-            continue
-        yield InputRow(number, dict(record))
+            row = InputRow(number, None, f"line {number}: not CSV ({exc})")
+        else:
+            column = _not_utf8(record)
+            if column is not None:
+                row = InputRow(number, None, f"line {number}: not UTF-8 (column {column!r})")
+            else:
+                row = InputRow(number, dict(record))
+        row.consumed, reported = read - reported, read
+        yield row
 
 
 STDIN = "-"
@@ -356,70 +385,41 @@ def read_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Iterator[Inp
             raise ValueError(f"{name} is not a text file (it holds NUL bytes), so not {kind.upper()}")
         stream = io.BufferedReader(_Replay(head, handle))
         if kind == "jsonl":
-            for number, raw in enumerate(_lines(stream, MAX_LINE_BYTES), start=1):
+            pending = 0  # bytes read since the last row: blank lines, then this one
+            for number, (raw, size) in enumerate(_lines(stream, MAX_LINE_BYTES), start=1):
+                pending += size
                 row = InputRow(number, None, f"line {number}: longer than {MAX_LINE_BYTES >> 20} MiB (skipped)") if raw is None else _jsonl_row(number, raw)
                 if row is not None:
+                    row.consumed, pending = pending, 0
                     yield row
         else:
-            yield from _csv_rows(stream, "\t" if path.suffix.lower() == ".tsv" else ",")
+            bom = head.startswith(codecs.BOM_UTF8)
+            yield from _csv_rows(stream, "\t" if path.suffix.lower() == ".tsv" else ",", bom)
     finally:
         if owned:
             handle.close()
 
 
-def count_rows(path: Union[str, Path], fmt: Optional[str] = None) -> Optional[int]:
-    """How many rows :func:`read_rows` yields for ``path``, for a progress bar's total; None for
-    standard input or anything but a regular file (a FIFO or pipe is read once, by the scorer).
-
-    Parquet: the footer's row count. JSONL and CSV are read in chunks of :data:`_SKIP_CHUNK`
-    bytes, whatever their lines hold: memory O(one chunk), time one more read of the file.
-    JSONL: the lines holding a non-blank byte (an over-long line is one row, as
-    :func:`read_rows` makes it). CSV: the records after the first that are not empty, a
-    record ending at a newline outside quotes (RFC 4180: quotes pair up within a record).
-
-    Exact for JSONL and for RFC 4180 CSV with ``\\n`` or ``\\r\\n`` line ends; a line blank
-    only in Unicode whitespace, a CSV quote inside an unquoted field or ``\\r``-only line ends
-    make the total differ from the rows (the rows themselves are unaffected). Never raises:
-    an unreadable file gives None."""
+def file_extent(path: Union[str, Path], fmt: Optional[str] = None) -> Optional[tuple[str, int]]:
+    """What a progress bar over :func:`read_rows` of ``path`` can count up to, known without
+    reading the rows: ``("bytes", size)`` for a regular JSONL or CSV file (the rows'
+    ``consumed`` bytes add up to it, less any blank lines after the last row),
+    ``("rows", count)`` for a regular Parquet file (its footer's row count). None for standard
+    input or anything but a regular file (a FIFO or pipe is read once, by the scorer), and
+    when it cannot be told. Never raises: a progress total is never worth an error."""
     if str(path) == STDIN:
         return None
     path = Path(path)
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
             return None
-        kind = _format_of(path, fmt)
-        if kind == "parquet":
-            import pyarrow.parquet as pq
+        if _format_of(path, fmt) != "parquet":
+            return "bytes", info.st_size
+        import pyarrow.parquet as pq
 
-            return int(pq.ParquetFile(path).metadata.num_rows)
-        jsonl = kind == "jsonl"
-        count, content, quoted, first = 0, False, 0, True
-        with open(path, "rb") as handle:
-            while True:
-                chunk = handle.read(_SKIP_CHUNK)
-                if not chunk:
-                    break
-                *whole, last = chunk.split(b"\n")
-                for part in whole:
-                    if jsonl:
-                        count += content or bool(part.strip())
-                        content = False
-                        continue
-                    quoted ^= part.count(b'"') & 1
-                    content = content or bool(part.rstrip(b"\r"))
-                    if not quoted:  # a record ends here
-                        if first:
-                            first = False  # DictReader's field names: the first record, even empty
-                        else:
-                            count += content
-                        content = False
-                if jsonl:
-                    content = content or bool(last.strip())
-                else:
-                    quoted ^= last.count(b'"') & 1
-                    content = content or bool(last.rstrip(b"\r"))
-        return count + (content if jsonl else content and not first)
-    except Exception:  # a progress total is never worth an error
+        return "rows", int(pq.ParquetFile(path).metadata.num_rows)
+    except Exception:
         return None
 
 

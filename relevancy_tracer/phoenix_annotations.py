@@ -9,8 +9,9 @@ span id, method) — Phoenix upserts on (name, span, identifier), so a retried e
 its annotation instead of adding a second one.
 
 * :class:`PhoenixClient`: the REST calls (``POST /v1/span_annotations``, span and annotation
-  listing for backfills), over httpx with timeouts, retries with backoff on 429/5xx and
-  connection errors, and ``Authorization: Bearer $PHOENIX_API_KEY`` when that is set.
+  listing for backfills), over httpx with timeouts, retries on 408/429/5xx and connection
+  errors (after the server's ``Retry-After``, capped, else a jittered exponential backoff:
+  :func:`retry_delay`), and ``Authorization: Bearer $PHOENIX_API_KEY`` when that is set.
 * :class:`PhoenixAnnotationSink`: for the in-app decorator: ``submit()`` never blocks; a bounded
   queue is drained by one daemon thread in batches; failures and drops are counted and logged
   once, never raised; ``flush``/``shutdown`` are bounded.
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from collections import deque
-from typing import Any, Iterable, Iterator, Optional
+from email.utils import parsedate_to_datetime
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ._background import fork as _fork
 from .result import RelevancyResult
@@ -74,16 +77,71 @@ class PhoenixError(Exception):
     """A Phoenix REST call failed (after retries)."""
 
 
+#: HTTP statuses a request is retried on (besides connection errors and timeouts).
+RETRY_STATUSES = frozenset({408, 429, *range(500, 600)})
+
+
+def retry_after_seconds(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
+    """The wait a ``Retry-After`` header asks for, in seconds (RFC 9110 10.2.3): a number of
+    seconds, or an HTTP date (how long until then from ``now``, default ``time.time()``; 0 once
+    past). None when the header is absent or neither form."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is in GMT
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def retry_delay(
+    attempt: int,
+    retry_after: Optional[str] = None,
+    *,
+    base: float = 0.5,
+    cap: float = 10.0,
+    draw: Callable[[], float] = random.random,
+) -> float:
+    """Seconds to wait before retry number ``attempt`` (0 for the first retry).
+
+    The server's ``Retry-After`` header when it has a valid one (seconds or an HTTP date), at
+    most ``cap``; else "full jitter" exponential backoff: uniform in
+    ``[0, min(cap, base * 2**attempt))`` (``draw`` gives the uniform [0, 1) draw), so clients
+    that failed together do not retry together."""
+    asked = retry_after_seconds(retry_after)
+    if asked is not None:
+        return min(asked, cap)
+    return draw() * min(cap, base * 2.0**attempt)
+
+
 class PhoenixClient:
     """Phoenix's REST API (the calls this package needs).
 
     Args:
         url: Phoenix base URL (``http://host:6006``). api_key: bearer token (default
-            ``PHOENIX_API_KEY``). timeout: seconds per request. retries: retries on 429, 5xx and
-            connection errors, with exponential backoff from 0.5 s.
+            ``PHOENIX_API_KEY``). timeout: seconds per request. retries: retries on 408, 429,
+            5xx and connection errors (default 3), each after :func:`retry_delay`: the
+            response's ``Retry-After`` when it has one, else a jittered exponential backoff
+            from ``backoff`` s (default 0.5); either at most ``max_delay`` s (default 10).
+
+    Raises:
+        ImportError: httpx is not installed (the ``annotations`` extra).
     """
 
-    def __init__(self, url: str, api_key: Optional[str] = None, timeout: float = 10.0, retries: int = 3):
+    def __init__(
+        self,
+        url: str,
+        api_key: Optional[str] = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_delay: float = 10.0,
+    ):
         try:
             import httpx
         except ImportError as exc:
@@ -96,15 +154,21 @@ class PhoenixClient:
             headers["Authorization"] = f"Bearer {key}"
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
         self.retries = retries
+        self.backoff = backoff
+        self.max_delay = max_delay
 
     def close(self) -> None:
+        """Close the HTTP connections."""
         self._client.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The decoded JSON reply of one REST call (None for an empty body), retried as the
+        class says. Raises PhoenixError: a 4xx other than 408/429 at once, else after the
+        last attempt."""
         import httpx
 
-        delay = 0.5
         for attempt in range(self.retries + 1):
+            retry_after: Optional[str] = None
             try:
                 response = self._client.request(method, path, **kwargs)
             except httpx.HTTPError as exc:
@@ -112,12 +176,12 @@ class PhoenixClient:
             else:
                 if response.status_code < 400:
                     return response.json() if response.content else None
-                if response.status_code not in (408, 429) and response.status_code < 500:
+                if response.status_code not in RETRY_STATUSES:
                     raise PhoenixError(f"{method} {path}: HTTP {response.status_code}: {response.text[:300]}")
                 error = PhoenixError(f"{method} {path}: HTTP {response.status_code}")
+                retry_after = response.headers.get("Retry-After")
             if attempt < self.retries:
-                time.sleep(delay)
-                delay *= 2
+                time.sleep(retry_delay(attempt, retry_after, base=self.backoff, cap=self.max_delay))
         raise PhoenixError(f"{method} {path} failed after {self.retries + 1} attempts: {error}")
 
     def annotate(self, annotations: list[dict], sync: bool = True) -> None:

@@ -5,7 +5,7 @@ a Redis launcher (:class:`RedisServer`) and scripted models for the model host
 :func:`use_scripted_host_models`, then name them ``llm_model="fake-host-chat"`` etc.).
 
 Not part of the product: this package sits beside ``relevancy_tracer/`` in the checkout and is
-not in the wheel (setup.py discovers only ``relevancy_tracer.*``; ``tests/test_wheel.py`` checks
+not in the wheel (pyproject.toml discovers only ``relevancy_tracer.*``; ``tests/test_wheel.py`` checks
 it). Users testing their own apps need none of it: the fake server's default replies answer this
 package's own prompts and its scripts inject the faults the tracer is tested against. It is
 importable from the repository root (pytest's rootdir, ``python -m benchmarks.NAME``).

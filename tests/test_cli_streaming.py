@@ -42,7 +42,7 @@ def rows_without_an_answer(path, count, pad=2000):
 
 def peak_rss_kib(server, path, out):
     proc = subprocess.run(
-        [sys.executable, "-c", PEAK_RSS, "score", str(path), "-o", str(out)],  # with the progress bar's row count
+        [sys.executable, "-c", PEAK_RSS, "score", str(path), "-o", str(out)],  # with the progress bar
         env=cli_env(server), capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -162,15 +162,39 @@ def test_an_input_that_cannot_be_read_is_an_error_before_anything_is_written(ser
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == (["in.jsonl"] if content else [])
 
 
-def test_the_progress_bar_has_a_total_for_a_file_and_none_for_a_pipe(server, tmp_path):
-    """A regular file's rows are counted on a thread of their own (the bar's percentage and
-    time left); standard input is read once, by the scorer, so its bar counts rows only."""
+def test_the_progress_bar_counts_a_files_bytes_and_a_pipes_rows(server, tmp_path):
+    """A regular JSONL or CSV file's bar counts the bytes of the rows scored up to the file's
+    size: exact, and the file is read once. Standard input has no size, so its bar counts rows
+    without a total; so does ``--limit`` (up to the limit, or the rows there were), and Parquet
+    (up to its footer's row count)."""
+    from tqdm import tqdm
+
+    from relevancy_tracer.dataset import RowWriter
+
     path = rows_without_an_answer(tmp_path / "in.jsonl", 40, pad=10)
+    with open(path, "a") as handle:
+        handle.write("\n \n" * 100)  # blank lines after the last row: the bar still ends at the file's size
+    size = tqdm.format_sizeof(path.stat().st_size, divisor=1024)
     command = [sys.executable, "-m", "relevancy_tracer.cli", "score"]
-    from_file = subprocess.run(command + [str(path), "-o", str(tmp_path / "a.jsonl")], env=cli_env(server), capture_output=True, text=True, timeout=120)
+
+    def score(source, *more, stdin=None):
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}.jsonl"
+        command_line = command + [str(source), "-o", str(out), *more]
+        env = cli_env(server)
+        proc = subprocess.run(command_line, stdin=stdin, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+
+    from_file = score(path)
     with open(path, "rb") as handle:
-        from_pipe = subprocess.run(command + ["-", "-o", str(tmp_path / "b.jsonl")], stdin=handle, env=cli_env(server), capture_output=True, text=True, timeout=120)
-    assert from_file.returncode == 0 and from_pipe.returncode == 0, from_file.stderr + from_pipe.stderr
-    assert summary_of(from_file.stderr)["rows"] == summary_of(from_pipe.stderr)["rows"] == 40
-    assert "100%|" in from_file.stderr and "40/40 [" in from_file.stderr, from_file.stderr
-    assert "%|" not in from_pipe.stderr and "40row [" in from_pipe.stderr, from_pipe.stderr
+        from_pipe = score("-", stdin=handle)
+    assert summary_of(from_file)["rows"] == summary_of(from_pipe)["rows"] == 40
+    assert "100%|" in from_file and f"{size}/{size} [" in from_file and "40 rows]" in from_file, from_file
+    assert "%|" not in from_pipe and "40row [" in from_pipe, from_pipe
+    assert "5/5 [" in score(path, "--limit", "5")
+    assert "100%|" in (more := score(path, "--limit", "100")) and "40/40 [" in more, more
+    writer = RowWriter(tmp_path / "in.parquet")
+    for i in range(30):
+        writer.write({"id": i, "question": f"Where is town {i}?"})
+    writer.close()
+    assert "30/30 [" in score(tmp_path / "in.parquet")

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relevancy_tracer.dataset import RowWriter, count_rows, read_rows
+from relevancy_tracer.dataset import RowWriter, read_rows
 
 LINE_PARTS = st.sampled_from([b"{", b"}", b"[", b"]", b'"q"', b":", b",", b"1", b"\xff", b"\xc3", b"\\ud800", b" ", b"\r", b'"question": "Q?"', b"null"])
 LINES = st.lists(st.one_of(st.binary(max_size=40), st.lists(LINE_PARTS, max_size=30).map(b"".join)), max_size=12)
@@ -61,61 +61,103 @@ CSV_CELLS = st.text(alphabet=st.sampled_from(['"', ",", "\n", "\r", " ", "a", "�
 
 
 @settings(max_examples=200, deadline=None)
-@given(lines=LINES, chunk=st.sampled_from([1, 3, 1 << 20]))
-def test_the_progress_total_counts_the_rows_the_reader_gives_jsonl(lines, chunk):
-    """``count_rows`` (the progress bar's total) equals the rows ``read_rows`` yields for a
-    JSONL file of any bytes (blank lines, bad UTF-8, CR), whatever the chunk boundaries; lines
-    blank only in Unicode whitespace (documented) are left out."""
+@given(lines=LINES, limit=st.sampled_from([8, 1 << 20]), chunk=st.sampled_from([1, 3, 1 << 20]))
+def test_each_jsonl_row_accounts_for_the_bytes_read_up_to_its_end(lines, limit, chunk):
+    """The rows' ``consumed`` bytes (what the progress bar counts) add up, row after row, to
+    the byte offset where each row's line ends, for a JSONL file of any bytes (blank lines,
+    lines blank in Unicode whitespace only, bad UTF-8, CR, over-long lines skipped in chunks)."""
+    from unittest import mock
+
+    import relevancy_tracer.dataset as dataset
+
     data = b"\n".join(lines)
-    if b"\0" in data or any(_blank(raw, n) != (not raw.strip()) for n, raw in enumerate(data.split(b"\n"), start=1)):
-        return  # binary (refused), or blank in Unicode whitespace only
-    _same_count(data, "jsonl", chunk)
+    if b"\0" in data[: dataset.SNIFF_BYTES]:
+        return  # binary: refused
+    ends = [0]  # where line n ends (its LF included): a line of the reader ends at LF only
+    for raw in data.split(b"\n"):
+        ends.append(ends[-1] + len(raw) + 1)
+    ends[-1] = len(data)
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        mock.patch.object(dataset, "MAX_LINE_BYTES", limit),
+        mock.patch.object(dataset, "_SKIP_CHUNK", chunk),
+    ):
+        path = Path(folder) / "in.jsonl"
+        path.write_bytes(data)
+        rows = list(read_rows(path))
+        assert dataset.file_extent(path) == ("bytes", len(data))
+    total = 0
+    for row in rows:
+        total += row.consumed
+        assert row.consumed > 0 and total == ends[row.line], (row, ends)
+    assert total <= len(data)
+
+
+CSV_CHARS = ['"', ",", "\n", "\r", " ", "a", "é", "\u2028", "\udcff", "😀"]  # \udcff: the byte 0xff
+CSV_TEXT = st.text(alphabet=st.sampled_from(CSV_CHARS), max_size=6)
 
 
 @settings(max_examples=200, deadline=None)
-@given(records=st.lists(st.one_of(st.just(None), st.lists(CSV_CELLS, max_size=4)), max_size=8), crlf=st.booleans(), end=st.booleans(), chunk=st.sampled_from([1, 3, 1 << 20]))
-def test_the_progress_total_counts_the_rows_the_reader_gives_csv(records, crlf, end, chunk):
-    """The same for any RFC 4180 CSV (quotes, commas and newlines inside fields, empty and blank
-    records, CRLF or LF, with or without a final newline), as csv.writer writes it."""
+@given(
+    records=st.lists(st.one_of(st.just(None), st.lists(CSV_TEXT, max_size=4)), max_size=8),
+    crlf=st.booleans(),
+    end=st.booleans(),
+    bom=st.booleans(),
+    chunk=st.sampled_from([1, 3, 1 << 20]),
+)
+def test_each_csv_row_accounts_for_the_bytes_read_up_to_its_end(records, crlf, end, bom, chunk):
+    """For any CSV as csv.writer writes it (quotes, commas and newlines inside fields, blank
+    lines, CRLF or LF, a byte-order mark, bytes that are not UTF-8 (``\\udcff``: the byte
+    0xff), with or without a final newline), the rows' ``consumed`` bytes add up to the whole
+    file, and the bytes up to each row's end read as a file give exactly the rows before."""
     import io as _io
+    from unittest import mock
+
+    import relevancy_tracer.dataset as dataset
 
     text = _io.StringIO()
-    bare_cr = any("\r" in cell for record in records if record for cell in record)
-    # csv.writer leaves a CR unquoted with an LF terminator: a CR-only line end (documented as inexact)
-    writer = csv.writer(text, lineterminator="\r\n" if crlf else "\n", quoting=csv.QUOTE_ALL if bare_cr else csv.QUOTE_MINIMAL)
+    writer = csv.writer(text, lineterminator="\r\n" if crlf else "\n")
+    writer.writerow(["question", "answer"])
     for record in records:
         if record is None:
             text.write("\r\n" if crlf else "\n")  # a blank line: skipped by DictReader
         else:
             writer.writerow(record)
-    data = text.getvalue().encode("utf-8")
-    if not end and data.endswith(b"\n"):
+    writer.writerow(["last"])  # the file ends with a row: every byte belongs to one
+    data = (b"\xef\xbb\xbf" if bom else b"") + text.getvalue().encode("utf-8", "surrogateescape")
+    if not end:
         data = data[: -2 if crlf else -1]
-    _same_count(data, "csv", chunk)
-
-
-def _same_count(data: bytes, kind: str, chunk: int) -> None:
-    from unittest import mock
-
-    import relevancy_tracer.dataset as dataset
-
     with tempfile.TemporaryDirectory() as folder, mock.patch.object(dataset, "_SKIP_CHUNK", chunk):
-        path = Path(folder) / f"in.{kind}"
+        path = Path(folder) / "in.csv"
         path.write_bytes(data)
-        assert count_rows(path) == len(list(read_rows(path)))
+        rows = list(read_rows(path))
+        assert sum(row.consumed for row in rows) == len(data)
+        offset = 0
+        for count, row in enumerate(rows, start=1):
+            offset += row.consumed
+            path.write_bytes(data[:offset])
+            before = list(read_rows(path))
+            assert [(r.data, r.error) for r in before] == [(r.data, r.error) for r in rows[:count]]
 
 
-def test_the_progress_total_of_parquet_limits_and_streams(tmp_path):
-    """Parquet: the footer's count; no total for standard input, a FIFO or a missing file."""
+def test_the_progress_extent_is_bytes_for_text_rows_for_parquet_and_none_for_streams(tmp_path):
+    """JSONL and CSV: the file's size; Parquet: the footer's row count; none for standard
+    input, a FIFO or a missing file."""
     import os
+
+    from relevancy_tracer.dataset import file_extent
 
     writer = RowWriter(tmp_path / "in.parquet")
     for i in range(2500):
         writer.write({"question": f"q{i}", "answer": "a"})
     writer.close()
-    assert count_rows(tmp_path / "in.parquet") == 2500 == len(list(read_rows(tmp_path / "in.parquet")))
+    assert file_extent(tmp_path / "in.parquet") == ("rows", 2500)
+    assert len(list(read_rows(tmp_path / "in.parquet"))) == 2500
+    (tmp_path / "in.csv").write_bytes(b"question,answer\nq,a\n")
+    assert file_extent(tmp_path / "in.csv") == ("bytes", 20) == file_extent(tmp_path / "in.csv", "jsonl")
     os.mkfifo(tmp_path / "fifo.jsonl")
-    assert count_rows(tmp_path / "fifo.jsonl") is None and count_rows("-") is None and count_rows(tmp_path / "missing.jsonl") is None
+    assert file_extent(tmp_path / "fifo.jsonl") is None and file_extent("-") is None
+    assert file_extent(tmp_path / "missing.jsonl") is None and file_extent(tmp_path / "in.txt") is None
 
 
 @pytest.mark.parametrize("value", [{}, [{}], {"a": {}}, [[{}]], {"a": [{}]}])
@@ -268,26 +310,3 @@ def test_a_failed_csv_write_gives_every_held_row_back(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         writer.close()
     assert list(writer.pending_rows()) == rows and not path.exists()
-
-
-@pytest.mark.parametrize("kind", ["jsonl", "csv"])
-def test_counting_a_file_of_one_huge_line_holds_one_chunk(tmp_path, kind):
-    """The progress total's count reads 1 MiB at a time whatever the lines hold: a 256 MiB
-    file that is one line (a JSONL line, or a CSV field quoted across it) costs the counting
-    process under 32 MiB more than an empty count."""
-    import subprocess
-    import sys
-
-    path = tmp_path / f"in.{kind}"
-    with open(path, "wb") as handle:
-        handle.write(b"question\n\"" if kind == "csv" else b"")
-        block = b"x" * (1 << 20)
-        for _ in range(256):
-            handle.write(block)
-        handle.write(b"\"\n" if kind == "csv" else b"\n")
-    script = "import resource, sys; from relevancy_tracer.dataset import count_rows; n = count_rows(sys.argv[1]); print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
-    empty = tmp_path / f"empty.{kind}"
-    empty.write_bytes(b"")
-    runs = [subprocess.run([sys.executable, "-c", script, str(p)], capture_output=True, text=True, timeout=300, check=True).stdout.split() for p in (empty, path)]
-    assert runs[1][0] == "1" and runs[0][0] == "0"
-    assert int(runs[1][1]) - int(runs[0][1]) < 32 * 1024, runs  # KiB

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 from relevancy_tracer.tracing.sampling import AllOf, AlwaysOff, AlwaysOn, CallableSampler, RateLimitSampler, SamplingContext, TraceIdRatioSampler, build_sampler
@@ -23,6 +25,32 @@ def test_ratio_matches_opentelemetry_trace_id_ratio_based(ratio):
         trace_id = rng.getrandbits(128)
         expected = theirs.should_sample(None, trace_id, "x").decision.is_sampled()
         assert ours.should_sample(ctx(trace_id)) == expected
+
+
+RATIOS = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+TRACE_IDS = st.integers(min_value=1, max_value=(1 << 128) - 1)
+
+
+@settings(max_examples=500, deadline=None)
+@given(ratio=RATIOS, trace_id=TRACE_IDS)
+def test_the_ratio_decides_as_the_sdk_for_any_trace_id_and_ratio(ratio, trace_id):
+    """Same decision as the OTel SDK's TraceIdRatioBased, by the SDK's own bound."""
+    ours = TraceIdRatioSampler(ratio)
+    assert ours.bound == TraceIdRatioBased.get_bound_for_rate(ratio)
+    expected = TraceIdRatioBased(ratio).should_sample(None, trace_id, "x").decision.is_sampled()
+    assert ours.should_sample(ctx(trace_id)) == ours.sample_trace_id(trace_id) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(ratio=RATIOS, high=st.integers(min_value=0, max_value=(1 << 64) - 1), delta=st.integers(-2, 2))
+def test_the_ratio_decides_as_the_sdk_at_its_bound(ratio, high, delta):
+    """Trace ids whose lower 64 bits lie next to the bound: where an off-by-one would show."""
+    low = min(max(TraceIdRatioBased.get_bound_for_rate(ratio) + delta, 0), (1 << 64) - 1)
+    trace_id = (high << 64) | low
+    if trace_id == 0:
+        return  # no trace id: a random draw, not the trace-id rule
+    expected = TraceIdRatioBased(ratio).should_sample(None, trace_id, "x").decision.is_sampled()
+    assert TraceIdRatioSampler(ratio).sample_trace_id(trace_id) == expected
 
 
 def test_ratio_without_trace_id_is_random_with_the_same_probability():

@@ -79,7 +79,10 @@ def test_the_wheel_holds_every_module_and_the_shipped_data(installed):
     package = ROOT / "relevancy_tracer"
     expected = {str(p.relative_to(ROOT)) for p in package.rglob("*.py") if "__pycache__" not in p.parts}
     expected |= {str(p.relative_to(ROOT)) for p in (package / "calibrations").glob("*.json")}
-    expected |= {"relevancy_tracer/_examples/" + p.name for p in (ROOT / "examples").glob("*.py")}
+    # the examples, the demo's app among them: a package of their own, no mapping needed
+    assert {p.name for p in (package / "_examples").glob("*.py")} >= {"__init__.py", "rag_app.py", "web_service.py"}
+    # PEP 561: without it, users' type checkers ignore the package's annotations
+    expected.add("relevancy_tracer/py.typed")
     assert expected - names == set()
     # the lab (test servers, benchmarks, tests) is not the product
     assert not any(name.startswith(("tests/", "benchmarks/", "relevancy_tracer_testing/")) for name in names)

@@ -3,9 +3,10 @@
 :func:`score_file` reads JSONL, CSV or Parquet (a file, a FIFO or pipe, or ``-`` for standard
 input; read once, as it is scored), scores every row concurrently, and writes one output row
 per input row, in input order: the input fields plus :data:`OUTPUT_FIELDS`. A progress bar and
-a summary (count, mean, quantiles, label counts, failures by status) go to stderr; the bar's
-total, for a regular file, comes from a count of its rows on a thread of its own (a stream has
-none: the bar counts rows without a percentage). Bad rows
+a summary (count, mean, quantiles, label counts, failures by status) go to stderr; for a
+regular JSONL or CSV file the bar counts the bytes of the scored rows up to the file's size
+(exact, and the file is read once), for Parquet its rows up to the footer's count; a stream,
+or a run with ``--limit``, counts rows (up to the limit; a stream has no total). Bad rows
 never stop the run. The output goes to a temporary file renamed over the output path at the
 end; the output may not be the input. SIGINT or SIGTERM writes every row finished so far and
 exits with status 130 or 143; a write error stops the run, prints the finished rows the output
@@ -30,7 +31,7 @@ from concurrent.futures import CancelledError, TimeoutError as FutureTimeout
 from typing import Any, Optional
 
 from ..config import Settings
-from ..dataset import STDIN, ColumnMapping, InputRow, RowWriter, count_rows
+from ..dataset import STDIN, ColumnMapping, InputRow, RowWriter, file_extent
 from ..result import RelevancyResult
 from .._background.loop import process_loop
 from .._signals import StopSignals
@@ -157,19 +158,33 @@ def score_file(
         return _score_stream_into(engine, mapping, stream, writer, progress, signals)
 
 
-def _count_in_background(stream: RowStream, counted: list[int]) -> None:
-    """Count the rows of a regular input file on a daemon thread
-    (:func:`~relevancy_tracer.dataset.count_rows`: one more read of the file, none for a stream)
-    and append the count to ``counted``, so the progress bar gets a total and an ETA without
-    the scoring waiting for it."""
+def _progress_bar(stream: RowStream, progress: bool) -> tuple[Any, bool]:
+    """The progress bar (tqdm, on stderr) of ``stream`` and whether it counts bytes: the bytes
+    of a regular JSONL or CSV file (each row adds its ``consumed`` bytes), else rows, up to a
+    Parquet file's row count, or ``--limit``, or no total (a stream)."""
+    from tqdm import tqdm
 
-    def count() -> None:
-        total = count_rows(stream.input_path, stream.input_format)
-        if total is not None:
-            counted.append(total if stream.limit is None else min(total, stream.limit))
+    extent = file_extent(stream.input_path, stream.input_format) if progress else None
+    if extent is not None and extent[0] == "bytes" and stream.limit is None:
+        bar = tqdm(total=extent[1], unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, dynamic_ncols=True)
+        return bar, True
+    total = stream.limit
+    if extent is not None and extent[0] == "rows":
+        total = extent[1] if total is None else min(total, extent[1])
+    return tqdm(total=total, unit="row", disable=not progress, file=sys.stderr, dynamic_ncols=True), False
 
-    if stream.limit is None or stream.limit > 0:
-        threading.Thread(target=count, name="relevancy-tracer-count-rows", daemon=True).start()
+
+def _finish_bar(bar: Any, in_bytes: bool, stream: RowStream, stopped: bool) -> None:
+    """At the end of a run that read its whole input (not ``stopped``, no read error), the bar
+    shows its end: the blank lines after the last row in bytes, or the rows read when a limit
+    (its total) was more than the input held."""
+    if stopped or stream.error is not None or bar.total is None or bar.n >= bar.total:
+        return
+    if in_bytes:
+        bar.update(bar.total - bar.n)
+    elif stream.limit is None or stream.read < stream.limit:
+        bar.total = bar.n
+        bar.refresh()
 
 
 def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream, writer: Optional[RowWriter], progress: bool, signals: StopSignals) -> int:
@@ -219,30 +234,23 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
                 if running:
                     running[0].cancel()
 
-    from tqdm import tqdm
-
-    bar = tqdm(total=stream.limit, unit="row", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    bar, in_bytes = _progress_bar(stream, progress)
     lock = threading.Lock()
     closed = False
-    counted: list[int] = []  # the file's row count, when the counting thread has it
-    if progress:
-        _count_in_background(stream, counted)
-
-    def show_total() -> None:  # under the lock
-        if counted:
-            bar.total = counted.pop()
-            bar.refresh()
 
     def on_done(index: int, row: InputRow, result: RelevancyResult) -> None:
         nonlocal next_to_write
         with lock:
             if closed:  # after Ctrl-C the output is final
                 return
-            show_total()
             finished[index] = (row, result)
-            bar.update(1)
-            if result.ok:
-                bar.set_postfix_str(f"last={result.score:.3f} {result.label}")
+            bar.update(row.consumed if in_bytes else 1)
+            shown = [f"last={result.score:.3f} {result.label}"] if result.ok else []
+            if in_bytes:  # the rows finished, which a bar of bytes does not count
+                rows = summary.rows + len(finished)
+                shown.insert(0, f"{rows} row" if rows == 1 else f"{rows} rows")
+            if shown:
+                bar.set_postfix_str(", ".join(shown))
             while next_to_write in finished:  # keep input order
                 emit(*finished.pop(next_to_write))
                 next_to_write += 1
@@ -276,7 +284,8 @@ def _score_stream_into(engine: Engine, mapping: ColumnMapping, stream: RowStream
     finally:
         with lock:
             closed = True
-            show_total()
+            stopped = signals.signum is not None or write_error is not None or future.cancelled()
+            _finish_bar(bar, in_bytes, stream, stopped)
             bar.close()
             for index in sorted(finished):  # finished rows after a gap
                 emit(*finished.pop(index))

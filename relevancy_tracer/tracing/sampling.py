@@ -2,8 +2,8 @@
 
 Small composable samplers, after the OpenTelemetry SDK's ``sampling`` module:
 
-* :class:`TraceIdRatioSampler` decides on the trace id, with the rule of OTel's
-  ``TraceIdRatioBased`` (lower 64 bits below ``ratio * 2**64``), so every service of a trace
+* :class:`TraceIdRatioSampler` decides on the trace id, with the bound of OTel's
+  ``TraceIdRatioBased`` (lower 64 bits below ``get_bound_for_rate(ratio)``), so every service of a trace
   decides alike, and with a ratio at or below the trace sampling ratio every scored call lies in
   an exported trace.
 * :class:`RateLimitSampler` is the cost cap: a token bucket of evaluations per minute.
@@ -23,10 +23,9 @@ import threading
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
 from .._background import fork as _fork
-
-_TRACE_ID_LIMIT = (1 << 64) - 1
-
 
 _UNSET: Any = object()
 
@@ -144,16 +143,23 @@ class AlwaysOff:
 class TraceIdRatioSampler:
     """Scores a ``ratio`` (0..1) of traces, decided on the trace id.
 
-    Same rule as OpenTelemetry's ``TraceIdRatioBased``: sampled when the lower 64 bits of the
-    trace id are below ``round(ratio * 2**64)``. Calls without a valid trace id (tracing off)
-    fall back to a random draw with the same probability.
+    The decision of the OpenTelemetry SDK's ``TraceIdRatioBased`` for the same trace id and
+    ratio: sampled when the lower 64 bits of the trace id are below the SDK's
+    ``TraceIdRatioBased.get_bound_for_rate(ratio)`` (``self.bound``). Calls without a valid
+    trace id (tracing off) fall back to a random draw with the same probability.
+
+    Args:
+        ratio: the share of traces scored, 0 to 1.
+
+    Raises:
+        ValueError: ``ratio`` outside [0, 1].
     """
 
     def __init__(self, ratio: float):
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"ratio must be in [0, 1], got {ratio}")
         self.ratio = ratio
-        self.bound = round(ratio * (_TRACE_ID_LIMIT + 1))
+        self.bound = TraceIdRatioBased.get_bound_for_rate(ratio)
 
     def should_sample(self, context: SamplingContext) -> bool:
         return self.sample_trace_id(context.trace_id)
@@ -161,7 +167,7 @@ class TraceIdRatioSampler:
     def sample_trace_id(self, trace_id: int) -> bool:
         """The decision from the trace id alone (see :data:`TRACE_ID_SAMPLERS`)."""
         if trace_id:
-            return (trace_id & _TRACE_ID_LIMIT) < self.bound
+            return (trace_id & TraceIdRatioBased.TRACE_ID_LIMIT) < self.bound
         return random.random() < self.ratio
 
     def get_description(self) -> str:

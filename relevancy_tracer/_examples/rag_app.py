@@ -33,8 +33,10 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 import relevancy_tracer
-from relevancy_tracer.config import Settings
-from relevancy_tracer.scoring.backends import build_embedder
+
+#: The embedded models of the app's own retrieval and generation (the scorer's defaults).
+EMBEDDING_MODEL = "use-multilingual-v3"
+LLM_MODEL = "qwen2.5-coder-1.5b"
 
 #: Questions the reference answers, and questions it cannot (a careful app says it does not know).
 QUESTIONS = (
@@ -93,17 +95,18 @@ def _app_llm():
     its own, with ``RAG_APP_THREADS`` CPU threads (default: all cores)."""
     global _generator_model
     if _generator_model is None:
-        from relevancy_tracer.scoring.backends import build_llm
-
-        settings = Settings.resolve(llm="local", llm_model="qwen2.5-coder-1.5b")
-        if settings.local_host:
-            _generator_model = build_llm(settings)
-        else:
-            from relevancy_tracer.models.local_llm import LocalChatModel
-
-            threads = int(os.environ["RAG_APP_THREADS"]) if os.environ.get("RAG_APP_THREADS") else None
-            _generator_model = LocalChatModel("qwen2.5-coder-1.5b", threads=threads)
+        threads = int(os.environ["RAG_APP_THREADS"]) if os.environ.get("RAG_APP_THREADS") else None
+        _generator_model = relevancy_tracer.local_chat_model(LLM_MODEL, threads=threads)
     return _generator_model
+
+
+def default_cache_dir() -> Path:
+    """relevancy-tracer's cache directory, as the package chooses it: ``RELEVANCY_TRACER_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/relevancy-tracer`` (default ``~/.cache/relevancy-tracer``)."""
+    explicit = os.environ.get("RELEVANCY_TRACER_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "relevancy-tracer"
 
 
 def local_generator(question: str, passages: Sequence[str]) -> str:
@@ -140,12 +143,10 @@ class PythonReferenceRAG:
     """
 
     def __init__(self, generator: Optional[Callable[[str, Sequence[str]], str]] = None, top_k: int = 3, min_similarity: float = 0.35, cache_dir: Optional[Path] = None):
-        from relevancy_tracer.models.local_llm import cache_dir as default_cache_dir
-
         self.generator = generator or local_generator
         self.top_k = top_k
         self.min_similarity = min_similarity
-        self.embedder = build_embedder(Settings.resolve(embeddings="local", embedding_model="use-multilingual-v3"))  # the model host's, by default
+        self.embedder = relevancy_tracer.local_embedder(EMBEDDING_MODEL)  # the model host's, by default
         self.passages = load_passages()
         digest = hashlib.sha256("\x00".join(p.text for p in self.passages).encode()).hexdigest()[:16]
         cache = (cache_dir or default_cache_dir() / "examples") / f"pydoc-passages-{self.embedder.name}-{digest}.npy"

@@ -1,1 +1,0 @@
-"""Examples of relevancy-tracer (installed as ``relevancy_tracer._examples``)."""
