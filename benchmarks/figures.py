@@ -349,7 +349,7 @@ def md_table(header: list[str], rows: list[list[str]], align: Optional[list[str]
 # ==== the docs' derivations and tables (one section per page) ===============================
 
 
-# ---- docs/methods.md: benchmarks/results/multiturn.json, multiturn_unseen.json (python -m benchmarks.multiturn)
+# ---- docs/methods.md: benchmarks/results/multiturn.json (python -m benchmarks.multiturn)
 
 MULTITURN_CONFIGS = {
     "last_turn": "the last turn alone (before)",
@@ -374,7 +374,7 @@ def _multiturn(r: Results, stem: str = "multiturn") -> str:
                     f"{group.replace('_', '-')} ({cell['turns']})",
                     with_ci(cell["right_mean_score"], cell["right_mean_score_ci"], ".2f"),
                     f"{cell['right_does_not_address_count']} of {cell['turns']} ({fmt(cell['right_does_not_address'], '.0%')})",
-                    with_ci(cell["pairwise"], cell["pairwise_ci"], ".2f"),
+                    with_ci(cell["pairwise"], cell["pairwise_ci"], ".2f") if "pairwise" in cell else "not measured",
                 ]
             )
     return md_table(header, rows)

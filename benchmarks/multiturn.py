@@ -101,9 +101,9 @@ def inputs(row: dict, config: str, cand: str) -> tuple[str, str, Any]:
     return row["question"], answer, None
 
 
-def run(engine: Any, config: str, rows: list[dict], records: Path, concurrency: int) -> None:
+def run(engine: Any, config: str, rows: list[dict], records: Path, concurrency: int, candidates: tuple[str, ...] = ("answer", "distractor")) -> None:
     done = {(r["key"], r["cand"]) for r in read_records(records) if r["config"] == config and r["status"] == "scored"}
-    todo = [(row, cand) for row in rows for cand in ("answer", "distractor") if (row_key(row), cand) not in done]
+    todo = [(row, cand) for row in rows for cand in candidates if (row_key(row), cand) not in done]
     print(f"== {config}: {len(todo)} evaluations to run", flush=True)
     if not todo:
         return
@@ -178,34 +178,36 @@ def report(records: list[dict], rows: list[dict]) -> dict[str, Any]:
     for config, found in sorted(by_config.items()):
         config_report: dict[str, Any] = {}
         for group in GROUPS:
-            pairs = []
-            for row in rows:
-                right, other = found.get((row_key(row), "answer")), found.get((row_key(row), "distractor"))
-                if right is None or other is None or not _in_group(right, group):
-                    continue
-                pairs.append((right, other))
-            scored = [(a, b) for a, b in pairs if a["status"] == "scored" and b["status"] == "scored"]
-            if not scored:
+            rights = [found[(row_key(row), "answer")] for row in rows if (row_key(row), "answer") in found and _in_group(found[(row_key(row), "answer")], group)]
+            scored_rights = [a for a in rights if a["status"] == "scored"]
+            if not scored_rights:
                 continue
-            convs = [a["conversation_id"] for a, _ in scored]
-            score = np.array([a["score"] for a, _ in scored])
-            dna = np.array([a["label"] == "does_not_address" for a, _ in scored], dtype=float)
-            wins = np.array([1.0 if a["score"] > b["score"] else 0.5 if a["score"] == b["score"] else 0.0 for a, b in scored])
+            convs = [a["conversation_id"] for a in scored_rights]
+            score = np.array([a["score"] for a in scored_rights])
+            dna = np.array([a["label"] == "does_not_address" for a in scored_rights], dtype=float)
+            others = {a["key"]: found.get((a["key"], "distractor")) for a in scored_rights}
+            scored = [(a, others[a["key"]]) for a in scored_rights if others[a["key"]] is not None and others[a["key"]]["status"] == "scored"]
             config_report[group] = {
-                "turns": len(scored),
+                "turns": len(scored_rights),
                 "conversations": len(set(convs)),
-                "failed": len(pairs) - len(scored),
+                "failed": len(rights) - len(scored_rights),
                 "right_mean_score": round(float(score.mean()), 3),
                 "right_mean_score_ci": _ci(score, convs),
                 "right_does_not_address": round(float(dna.mean()), 3),
                 "right_does_not_address_ci": _ci(dna, convs),
                 "right_does_not_address_count": int(dna.sum()),
-                "right_labels": dict(Counter(a["label"] for a, _ in scored)),
-                "right_failure_kinds": dict(Counter(a["failure_kind"] for a, _ in scored if a["failure_kind"])),
-                "earlier_answer_labels": dict(Counter(b["label"] for _, b in scored)),
-                "pairwise": round(float(wins.mean()), 3),
-                "pairwise_ci": _ci(wins, convs),
+                "right_labels": dict(Counter(a["label"] for a in scored_rights)),
+                "right_failure_kinds": dict(Counter(a["failure_kind"] for a in scored_rights if a["failure_kind"])),
             }
+            if scored:
+                wins = np.array([1.0 if a["score"] > b["score"] else 0.5 if a["score"] == b["score"] else 0.0 for a, b in scored])
+                config_report[group].update(
+                    pairs=len(scored),
+                    earlier_answer_labels=dict(Counter(b["label"] for _, b in scored)),
+                    earlier_answer_failure_kinds=dict(Counter(b["failure_kind"] for _, b in scored if b["failure_kind"])),
+                    pairwise=round(float(wins.mean()), 3),
+                    pairwise_ci=_ci(wins, [a["conversation_id"] for a, _ in scored]),
+                )
         every = [r for r in found.values() if r["status"] == "scored"]
         config_report["cost"] = {
             "evaluations": len(every),
@@ -229,7 +231,7 @@ def markdown(reports: dict[str, Any]) -> str:
                 lines.append(
                     f"| {config} | {group.replace('_', '-')} ({r['turns']}) | {r['right_mean_score']:.2f} [{r['right_mean_score_ci'][0]:.2f}, {r['right_mean_score_ci'][1]:.2f}] "
                     f"| {r['right_does_not_address_count']} of {r['turns']} ({r['right_does_not_address']:.0%}) "
-                    f"| {r['pairwise']:.2f} [{r['pairwise_ci'][0]:.2f}, {r['pairwise_ci'][1]:.2f}] |"
+                    + (f"| {r['pairwise']:.2f} [{r['pairwise_ci'][0]:.2f}, {r['pairwise_ci'][1]:.2f}] |" if "pairwise" in r else "| not measured |")
                 )
     return "\n".join(lines)
 
@@ -244,6 +246,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N rows only")
     parser.add_argument("--per-conversation", type=int, default=None, help="at most K turns of each conversation (its first K in a fixed hash order): a subset that still spans every conversation")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--candidates", default="answer,distractor", help="which answers of each turn to score: answer (the turn's reference), distractor (an earlier turn's)")
     parser.add_argument("--llm", default="local")
     parser.add_argument("--embeddings", default="local")
     parser.add_argument("--in-process", action="store_true", help="run the local models in this process, not the shared model host (whose SCHED_IDLE priority starves on a busy machine)")
@@ -259,7 +262,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for config in [c.strip() for c in args.configs.split(",") if c.strip()]:
             if config not in CONFIGS:
                 parser.error(f"unknown config {config!r} (one of {', '.join(CONFIGS)})")
-            run(engine, config, rows, args.records, args.concurrency)
+            run(engine, config, rows, args.records, args.concurrency, tuple(args.candidates.split(",")))
     reports = report(read_records(args.records), rows)
     print(markdown(reports))
     args.out.parent.mkdir(parents=True, exist_ok=True)
