@@ -199,7 +199,7 @@ def report(records: list[dict], rows: list[dict]) -> dict[str, Any]:
                 "right_labels": dict(Counter(a["label"] for a in scored_rights)),
                 "right_failure_kinds": dict(Counter(a["failure_kind"] for a in scored_rights if a["failure_kind"])),
             }
-            if scored:
+            if scored and len(scored) == len(scored_rights):  # the comparison only where every turn has its pair
                 wins = np.array([1.0 if a["score"] > b["score"] else 0.5 if a["score"] == b["score"] else 0.0 for a, b in scored])
                 config_report[group].update(
                     pairs=len(scored),
