@@ -36,6 +36,8 @@ import types
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from . import prompts
+
 #: What a turn's role is read as: user or assistant; every other role is left out.
 USER_ROLES = frozenset({"user", "human"})
 ASSISTANT_ROLES = frozenset({"assistant", "ai", "model", "bot", "chatbot"})
@@ -272,16 +274,9 @@ def repeat(answer: str, turns: Sequence[Turn]) -> float:
     return best
 
 
-def transcript(turns: Sequence[Turn]) -> str:
-    """The turns as ``User: ...`` / ``Assistant: ...`` lines, for a prompt."""
-    return "\n".join(f"{'User' if t.role == 'user' else 'Assistant'}: {t.content}" for t in turns)
-
-
 def fingerprint(max_turns: int, max_chars: int) -> dict[str, Any]:
     """What determines how a conversation is judged (part of the evaluator version of an
     evaluation that read a history): the rewrite prompt, the bounds and the repeat rule."""
-    from . import prompts
-
     return {
         "standalone": prompts.standalone_question([Turn("user", "TURN"), Turn("assistant", "REPLY")], "QUESTION"),
         "schema": prompts.STANDALONE_SCHEMA,

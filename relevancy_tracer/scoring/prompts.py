@@ -325,14 +325,18 @@ STANDALONE_SYSTEM = (
 )
 
 
+def transcript(turns: Sequence) -> str:
+    """Turns (objects with ``role`` ``user`` / ``assistant`` and ``content``) as ``User: ...`` /
+    ``Assistant: ...`` lines."""
+    return "\n".join(f"{'User' if t.role == 'user' else 'Assistant'}: {t.content}" for t in turns)
+
+
 def standalone_question(turns: Sequence, question: str) -> list[dict]:
     """The last user turn rewritten as a standalone question from the earlier ``turns``
     (:class:`~.conversation.Turn`, oldest first): the "condense question" step of conversational
     retrieval (QReCC, Anantha et al. 2021). The conversation comes first, so a prefix cache
     shares it between the turns of one conversation. The example is about an unrelated topic so
     it cannot be copied."""
-    from .conversation import transcript
-
     return [
         {"role": "system", "content": STANDALONE_SYSTEM},
         {
