@@ -44,7 +44,7 @@ system-deps:
 	bash .ci/system-deps
 
 test: $(VENV)/.installed-dev system-deps
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=30
 
 # The linter, the formatter's check and the type checker ([tool.ruff] and [tool.mypy] in
 # pyproject.toml; mypy is strict on the modules of the public API). Each runs even when one
