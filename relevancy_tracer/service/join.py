@@ -46,8 +46,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Optional
 
+from .messages import load_json, message_texts, parts_text, read_message
 from .otlp import ReceivedLog, ReceivedSpan
-from .selection import _load, _message, _message_texts, _parts_text
 
 #: Event names this module reads (``gen_ai.<role>.message`` for every role).
 CHOICE = "gen_ai.choice"
@@ -155,12 +155,12 @@ def _text(content: Any) -> Optional[str]:
     ``{"text"}``)."""
     if isinstance(content, str):
         if content[:1] == "[":
-            parsed = _load(content)
+            parsed = load_json(content)
             if isinstance(parsed, list):
-                return _parts_text(parsed) or None
+                return parts_text(parsed) or None
         return content
     if isinstance(content, list):
-        return _parts_text(content) or None
+        return parts_text(content) or None
     return None
 
 
@@ -169,7 +169,7 @@ def _fields(record: ReceivedLog) -> dict:
     over its attributes (span events and some SDKs put the content there)."""
     body = record.body
     if isinstance(body, str) and body[:1] == "{":
-        body = _load(body)
+        body = load_json(body)
     fields = dict(record.attributes)
     if isinstance(body, dict):
         fields.update(body)
@@ -193,7 +193,7 @@ def content_of(record: ReceivedLog, arrival: int) -> Optional[Content]:
             return Content(question=text, question_order=order, inputs=1, turns=turns)
         return Content(inputs=1, turns=turns, unread=unread)
     if name == CHOICE:
-        message = _load(body.get("message"))
+        message = load_json(body.get("message"))
         if isinstance(message, (list, str)):  # Strands: the content blocks, or the final text
             message = {"role": "assistant", "content": message}
         message = message if isinstance(message, dict) else {}
@@ -207,9 +207,9 @@ def content_of(record: ReceivedLog, arrival: int) -> Optional[Content]:
             unread=unread,
         )
     # OPERATION_DETAILS
-    inputs = _load(body.get("gen_ai.input.messages"))
-    outputs = _load(body.get("gen_ai.output.messages"))
-    messages = [m for m in (_message(item) for item in inputs) if m is not None] if isinstance(inputs, list) else []
+    inputs = load_json(body.get("gen_ai.input.messages"))
+    outputs = load_json(body.get("gen_ai.output.messages"))
+    messages = [m for m in (read_message(item) for item in inputs) if m is not None] if isinstance(inputs, list) else []
     last = max(
         (i for i, (role, text, _) in enumerate(messages) if role == "user" and text and text.strip()), default=None
     )
@@ -226,7 +226,7 @@ def content_of(record: ReceivedLog, arrival: int) -> Optional[Content]:
     )
     if isinstance(outputs, list):
         first = next((m for m in outputs if isinstance(m, dict)), {})
-        texts = [text for role, text in _message_texts([first]) if role in ("assistant", "")]
+        texts = [text for role, text in message_texts([first]) if role in ("assistant", "")]
         content = replace(content, answer="".join(texts) or None, answer_index=0, tool_call=_has_tool_call(first))
     return content
 

@@ -63,6 +63,8 @@ from typing import Any, Optional, Sequence
 
 from ..otel import attributes as A
 from ..tracing.sampling import RateLimitSampler, TraceIdRatioSampler
+from .join import events_content
+from .messages import content_text, load_json, message_texts, read_message, read_messages
 from .otlp import ReceivedSpan
 
 QUESTION_FIELDS = ("question", "query", "input", "user_input", "prompt", "q", "message", "query_str", "task")
@@ -208,89 +210,6 @@ def _looks_json(text: str) -> bool:
     return _JSON_START.match(text) is not None
 
 
-def _role(message: dict) -> str:
-    """A chat message's role: OpenAI / GenAI ``role``, LangChain's ``type`` (human, ai) or its
-    serialised ``kwargs.type`` / class name; normalised to user | assistant | system | tool."""
-    role = message.get("role") or message.get("type")
-    kwargs = message.get("kwargs") if isinstance(message.get("kwargs"), dict) else None
-    if (not isinstance(role, str) or role == "constructor") and kwargs is not None:
-        role = kwargs.get("type") or kwargs.get("role")
-        ids = message.get("id")
-        if not isinstance(role, str) and isinstance(ids, list) and ids and isinstance(ids[-1], str):
-            role = ids[-1].replace("MessageChunk", "").replace("Message", "").lower()
-    role = str(role or "").lower()
-    return {"human": "user", "ai": "assistant", "developer": "system", "function": "tool"}.get(role, role)
-
-
-def _content_text(content: Any) -> Optional[str]:
-    """Text of a message's content: a string, or the text parts of a list of parts (OpenAI
-    ``{"type": "text", "text"}``, GenAI ``{"type": "text", "content"}``, Responses API
-    ``output_text``); None when there is no text."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict) and part.get("type", "text") in ("text", "input_text", "output_text"):
-                text = part.get("text", part.get("content"))
-                if isinstance(text, str):
-                    texts.append(text)
-        return "".join(texts) if texts else None
-    return None
-
-
-def _message(message: Any) -> Optional[tuple[str, Optional[str], bool]]:
-    """(role, text, calls a tool) of one chat message in any of the forms above, or None when
-    ``message`` is not a message (no role and no content). Also LangChain's ``message_to_dict``
-    form (``{"type": "ai", "data": {"content", "tool_calls"}}``, as LangGraph's state is
-    serialised), its message tuples (``["user", "text"]``), and the Responses API's input items
-    (``function_call``: an assistant turn calling a tool; ``function_call_output``: a tool's)."""
-    if isinstance(message, list) and len(message) == 2 and isinstance(message[0], str) and isinstance(message[1], str):
-        role = _role({"role": message[0]})
-        return (role, message[1], False) if role in _ROLES else None
-    if not isinstance(message, dict):
-        return None
-    kind = message.get("type")
-    if kind in ("function_call", "custom_tool_call", "computer_call", "mcp_call"):
-        return "assistant", None, True
-    if kind in ("function_call_output", "custom_tool_call_output", "computer_call_output"):
-        output = message.get("output")
-        return "tool", output if isinstance(output, str) else None, False
-    if kind == "reasoning":
-        return "assistant", None, False
-    role = _role(message)
-    body = message
-    if "content" not in message:
-        if isinstance(message.get("kwargs"), dict):
-            body = message["kwargs"]
-        elif isinstance(message.get("data"), dict) and isinstance(kind, str):  # LangChain's message_to_dict
-            body = message["data"]
-    if "parts" in body:
-        text = _content_text(body.get("parts"))
-    else:
-        text = _content_text(body.get("content"))
-    if not role and "content" not in body and "parts" not in body:
-        return None
-    tool = bool(body.get("tool_calls")) or (isinstance(body.get("parts"), list) and any(isinstance(p, dict) and p.get("type") == "tool_call" for p in body["parts"]))
-    return role, text, tool
-
-
-_ROLES = frozenset({"user", "assistant", "system", "tool"})
-
-
-def _messages(value: Any) -> Optional[list[tuple[str, Optional[str], bool]]]:
-    """The messages of a chat message list (LangChain's batched ``[[...]]``: the last batch);
-    None when ``value`` is not a non-empty list of messages."""
-    if isinstance(value, list) and value and isinstance(value[-1], list) and _message(value[-1]) is None:
-        value = value[-1]  # a batch of message lists, not LangChain's ("role", "text") tuples
-    if not isinstance(value, list) or not value:
-        return None
-    out = [m for m in (_message(item) for item in value) if m is not None]
-    return out if len(out) == len(value) else None
-
-
 def last_user_text(messages: list[tuple[str, Optional[str], bool]]) -> str:
     """The last user message's text (the user's turn; system, tool and assistant messages never
     are). Raises Unreadable(no_user_message)."""
@@ -325,7 +244,7 @@ def sibling_history(value: dict) -> list[dict]:
     question (every user and assistant message with text: they all precede it); empty when
     there is none."""
     for name in HISTORY_FIELDS:
-        messages = _messages(value.get(name))
+        messages = read_messages(value.get(name))
         if messages:
             return [{"role": role, "content": text} for role, text, _ in messages if role in ("user", "assistant") and text and text.strip()]
     return []
@@ -375,7 +294,7 @@ def question_of(value: Any, depth: int = 0, turns: Optional[list] = None) -> str
         if value.strip():
             return value
         raise Unreadable(NO_QUESTION)
-    messages = _messages(value)
+    messages = read_messages(value)
     if messages is not None:
         return _last_turn(messages, turns)
     if isinstance(value, dict) and depth < 4:
@@ -387,7 +306,7 @@ def question_of(value: Any, depth: int = 0, turns: Optional[list] = None) -> str
                     turns[:] = sibling_history(value)
                 return question
         for name in ("messages", "prompt"):
-            messages = _messages(value.get(name))
+            messages = read_messages(value.get(name))
             if messages is not None:
                 return _last_turn(messages, turns)
         if isinstance(value.get("inputs"), str):  # a chain invoked with a string
@@ -437,7 +356,7 @@ def answer_of(value: Any, depth: int = 0) -> str:
         and depth < 4
     ):
         return answer_of(value[-1], depth + 1)  # Responses API responses (OpenAI Agents' spans): the last
-    messages = _messages(value)
+    messages = read_messages(value)
     if messages is not None:
         return assistant_text(messages)
     if isinstance(value, dict) and depth < 4:
@@ -445,12 +364,12 @@ def answer_of(value: Any, depth: int = 0) -> str:
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             first = choices[0]
             if isinstance(first.get("message"), dict):
-                return assistant_text([_message({"role": "assistant", **first["message"]}) or ("assistant", None, False)])
+                return assistant_text([read_message({"role": "assistant", **first["message"]}) or ("assistant", None, False)])
             if isinstance(first.get("text"), str) and first["text"].strip():
                 return first["text"]
             raise Unreadable(NO_ANSWER)
         if isinstance(value.get("output"), list):
-            texts = [text for item in value["output"] if isinstance(item, dict) and item.get("type", "message") == "message" for text in [_content_text(item.get("content"))] if text]
+            texts = [text for item in value["output"] if isinstance(item, dict) and item.get("type", "message") == "message" for text in [content_text(item.get("content"))] if text]
             if texts:
                 return "".join(texts)
             if value.get("object") == "response":  # a Responses API response without text
@@ -464,11 +383,11 @@ def answer_of(value: Any, depth: int = 0) -> str:
             if isinstance(first, dict) and isinstance(first.get("text"), str) and first["text"].strip():
                 return first["text"]
         if "role" in value and ("content" in value or "parts" in value):
-            found = _message(value)
+            found = read_message(value)
             if found is not None:
                 return assistant_text([found])
         if value.get("type") == "constructor" and isinstance(value.get("kwargs"), dict):  # LangChain's to_json()
-            found = _message(value)
+            found = read_message(value)
             if found is not None and found[0] in ("assistant", ""):
                 return assistant_text([found])
         if isinstance(value.get("outputs"), str):  # a chain ending in a string (StrOutputParser)
@@ -477,7 +396,7 @@ def answer_of(value: Any, depth: int = 0) -> str:
             field_value = value.get(name)
             if isinstance(field_value, str) and field_value.strip():
                 return field_value
-        messages = _messages(value.get("messages"))
+        messages = read_messages(value.get("messages"))
         if messages is not None:  # a graph's state: its last message is the reply, if the assistant's
             role, text, tool = messages[-1]
             if role == "assistant" and text and text.strip():
@@ -644,36 +563,13 @@ def without_self(value: Any, entity_name: str) -> Any:
         return value
     first, second = args
     owner = entity_name.split(".")[-2] if "." in entity_name else None
-    if first == owner or (first[:1].isupper() and _messages(second) is not None):
+    if first == owner or (first[:1].isupper() and read_messages(second) is not None):
         return {"args": [second], "kwargs": {}}
     return value
 
 
-def _load(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except RecursionError:
-            return None
-        except ValueError:
-            return value
-    return value
-
-
-def _parts_text(parts: Any) -> str:
-    if isinstance(parts, str):
-        return parts
-    return _content_text(parts if isinstance(parts, list) else []) or ""
-
-
-def _message_texts(messages: Any) -> list[tuple[str, str]]:
-    """(role, text) of GenAI / OpenAI-style chat messages with text."""
-    found = [m for m in (_message(item) for item in messages) if m is not None] if isinstance(messages, list) else []
-    return [(role, text) for role, text, _ in found if text and text.strip()]
-
-
 def _genai_messages(value: Any) -> list[tuple[str, Optional[str], bool]]:
-    return [m for m in (_message(item) for item in value) if m is not None] if isinstance(value, list) else []
+    return [m for m in (read_message(item) for item in value) if m is not None] if isinstance(value, list) else []
 
 
 def genai_texts(attributes: dict[str, Any], turns: Optional[list] = None) -> Optional[tuple[str, str]]:
@@ -681,28 +577,28 @@ def genai_texts(attributes: dict[str, Any], turns: Optional[list] = None) -> Opt
     into ``turns``. Raises Unreadable(tool_call) when the output messages only call tools."""
     question = answer = None
     if "gen_ai.input.messages" in attributes:
-        inputs = _genai_messages(_load(attributes["gen_ai.input.messages"]))
+        inputs = _genai_messages(load_json(attributes["gen_ai.input.messages"]))
         users = [text for role, text, _ in inputs if role == "user" and text and text.strip()]
         question = users[-1] if users else None
         if question is not None and turns is not None:
             turns[:] = history_of(inputs)
     if "gen_ai.output.messages" in attributes:
-        outputs = _genai_messages(_load(attributes["gen_ai.output.messages"]))
+        outputs = _genai_messages(load_json(attributes["gen_ai.output.messages"]))
         answer = (
             "".join(text for role, text, _ in outputs if role in ("assistant", "") and text and text.strip()) or None
         )
         if answer is None and any(tool for _, _, tool in outputs):
             raise Unreadable(TOOL_CALL)
     if question is None and "gen_ai.prompt" in attributes:
-        prompt = _load(attributes["gen_ai.prompt"])
+        prompt = load_json(attributes["gen_ai.prompt"])
         messages = _genai_messages(prompt)
         users = [text for role, text, _ in messages if role == "user" and text and text.strip()]
         question = users[-1] if users else (prompt if isinstance(prompt, str) else None)
         if users and turns is not None:
             turns[:] = history_of(messages)
     if answer is None and "gen_ai.completion" in attributes:
-        completion = _load(attributes["gen_ai.completion"])
-        texts = _message_texts(completion) if isinstance(completion, list) else []
+        completion = load_json(attributes["gen_ai.completion"])
+        texts = message_texts(completion) if isinstance(completion, list) else []
         answer = "".join(t for _, t in texts) if texts else (completion if isinstance(completion, str) else None)
     if question is None or answer is None:
         indexed: dict[tuple[str, int], dict[str, Any]] = {}
@@ -769,7 +665,7 @@ def agent_run(span: ReceivedSpan) -> bool:
         or attrs.get("gen_ai.operation.name") == "invoke_agent"
         or str(attrs.get(TRACELOOP_KIND) or "") == "agent"
         or str(attrs.get(LANGFUSE_TYPE) or "") == "agent"
-        or (MLFLOW_TYPE in attrs and _load(attrs.get(MLFLOW_TYPE)) == "AGENT")
+        or (MLFLOW_TYPE in attrs and load_json(attrs.get(MLFLOW_TYPE)) == "AGENT")
     )
 
 
@@ -855,7 +751,7 @@ class SpanSelector:
                 return CANDIDATE, (question, answer, "traceloop", turns)
             elif MLFLOW_TYPE in attrs or MLFLOW_INPUTS in attrs or MLFLOW_OUTPUTS in attrs:
                 source = "mlflow"
-                kind = _load(attrs.get(MLFLOW_TYPE))
+                kind = load_json(attrs.get(MLFLOW_TYPE))
                 if str(kind) in MLFLOW_STEPS:
                     raise Unreadable(STEP)
                 if MLFLOW_INPUTS not in attrs and MLFLOW_OUTPUTS not in attrs:
@@ -878,7 +774,6 @@ class SpanSelector:
         if found is not None:
             return CANDIDATE, (found[0], found[1], "genai", turns)
         if span.events and source is None:
-            from .join import events_content
 
             if str(attrs.get("gen_ai.operation.name") or "") in GENAI_STEPS:
                 return SKIPPED, ("genai", STEP)  # a tool's call and result are not a question and answer
