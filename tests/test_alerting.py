@@ -16,7 +16,6 @@ expressions), sending alerts to Alertmanager, which posts them to a webhook in t
 from __future__ import annotations
 
 import json
-import random
 import re
 import subprocess
 import threading
@@ -30,7 +29,8 @@ import yaml
 
 from relevancy_tracer_testing import FakeOpenAIServer
 
-from .conftest import ROOT
+from benchmarks.alert_traffic import production_traffic_test
+
 from ._observability import (
     COLLECTOR_CONFIG,
     ScoreDial,
@@ -102,74 +102,6 @@ def test_unit_tests_cover_every_rule():
         assert record in expr_tests, f"recording rule {record} is not checked"
 
 
-#: The alerts a rise of hedges to 30% of the answers must raise (the others watch failures).
-HEDGE_RISE_ALERTS = ("RelevancyHedgeShareRising", "RelevancyLowLabelShareHigh", "RelevancyLowLabelShareRising", "RelevancyScoreDrop")
-
-
-def production_traffic_test(seed: int, minutes_healthy: int, minutes_hedges: int, per_minute: int = 4) -> dict:
-    """A ``promtool test rules`` document: the shipped rules over a service whose scored answers
-    are drawn from the default's recorded results on the development sets
-    (``benchmarks/results/production_mix_rows.json``: score, label and failure kind of each
-    answer, calibrated at the shipped prior), ``per_minute`` a minute. Healthy traffic first:
-    a reference answer (a person judged it relevant) with the prior's probability, else a
-    variant of a uniformly drawn kind (echo, hedge, evasive, off-topic, padded, incomplete).
-    Then the same traffic with 30% of the answers replaced by hedges (the retriever misses).
-    The series are those the app's Prometheus exporter writes: the score histogram's ``_sum``
-    and ``_count`` and ``relevancy_evaluations_total`` by label and failure kind."""
-    data = json.loads((ROOT / "benchmarks" / "results" / "production_mix_rows.json").read_text())
-    rows = [r for r in data["rows"] if r["set"] != "human"]
-    references = [r for r in rows if r["kind"] == "reference"]
-    variants = {kind: [r for r in rows if r["kind"] == kind] for kind in ("echo", "hedge", "evasive", "off_topic", "padded", "incomplete")}
-    rng = random.Random(seed)
-
-    def healthy() -> dict:
-        if rng.random() < data["prior"]:
-            return rng.choice(references)
-        return rng.choice(variants[rng.choice(sorted(variants))])
-
-    labels = 'service_name="shop",span_name="answer",relevancy_evaluator_version="v1"'
-    count = total = 0.0
-    by_label: dict[tuple, float] = {}
-    counters: dict[tuple, list[float]] = {}  # (label, failure kind) -> cumulative count per minute
-    counts, sums = [], []
-    minutes = minutes_healthy + minutes_hedges
-    for minute in range(minutes + 1):
-        for _ in range(per_minute if minute else 0):
-            row = rng.choice(variants["hedge"]) if minute > minutes_healthy and rng.random() < 0.3 else healthy()
-            count += 1
-            total += row["score"]
-            key = (row["label"], row["failure_kind"])
-            by_label[key] = by_label.get(key, 0.0) + 1
-        for key, value in by_label.items():
-            counters.setdefault(key, [0.0] * minute).append(value)
-        counts.append(count)
-        sums.append(round(total, 4))
-    series = [
-        {"series": f"relevancy_score_count{{{labels}}}", "values": " ".join(f"{v:g}" for v in counts)},
-        {"series": f"relevancy_score_sum{{{labels}}}", "values": " ".join(f"{v:g}" for v in sums)},
-    ]
-    for (label, kind), values in sorted(counters.items(), key=str):
-        kind_label = f',relevancy_failure_kind="{kind}"' if kind else ""
-        series.append({"series": f'relevancy_evaluations_total{{service_name="shop",span_name="answer",relevancy_status="scored",relevancy_label="{label}"{kind_label}}}', "values": " ".join(f"{v:g}" for v in values)})
-    firing = 'count by (alertname) (max_over_time(ALERTS{alertstate="firing"}[%dm]))'
-    return {
-        "rule_files": [str(RULES)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "promql_expr_test": [
-                    # no alert fired at any minute of the healthy day (the baseline's first day included)
-                    {"expr": firing % minutes_healthy, "eval_time": f"{minutes_healthy}m", "exp_samples": []},
-                    # 90 minutes into the rise: each of these has fired (at most 30m + 15m `for` after crossing)
-                    {"expr": firing % 90, "eval_time": f"{minutes_healthy + 90}m", "exp_samples": [{"labels": f'{{alertname="{name}"}}', "value": 1} for name in HEDGE_RISE_ALERTS]},
-                ],
-            }
-        ],
-    }
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_shipped_rules_stay_quiet_on_healthy_traffic_and_fire_when_hedges_rise(tmp_path, seed):
     """Issue 33: the shipped rules over a simulated day and a half of a healthy app's traffic
@@ -177,7 +109,7 @@ def test_shipped_rules_stay_quiet_on_healthy_traffic_and_fire_when_hedges_rise(t
     sets, reference answers at the calibration's prior), then two hours where hedges rise to
     30% of the answers: nothing fires on the healthy traffic; the level, low-label, drop and
     hedge alerts fire within their windows once hedges rise."""
-    document = production_traffic_test(seed, minutes_healthy=26 * 60, minutes_hedges=120)
+    document = production_traffic_test(seed, minutes_healthy=26 * 60, minutes_hedges=120, rules=RULES)
     path = tmp_path / "production.test.yml"
     path.write_text(yaml.safe_dump(document, width=10**9))
     result = run([binary("promtool"), "test", "rules", str(path)], timeout=600)
