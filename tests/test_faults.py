@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -630,3 +631,80 @@ def test_the_decorator_bounds_a_huge_or_endless_model_reply(tracing, otel, serve
     assert attributes[A.STATUS] == "error" and attributes[A.ERROR_TYPE] == "model_error", attributes
     expected = "llm_max_reply_bytes" if reply == "huge-chunked" else "Timeout"
     assert expected in str(attributes.get(A.ERROR)), attributes
+
+
+FORK_WHILE_SCORING_APP = textwrap.dedent(
+    """
+    import json, os, sys
+    import relevancy_tracer
+    from relevancy_tracer.tracing import lifecycle
+
+    relevancy_tracer.configure()  # attach="answer_span": the answer span is held until scored
+
+    @relevancy_tracer.trace(name="prefork_call")
+    def answer(question):
+        return "France is in western Europe and Paris is its capital (the %s)." % question
+
+    answer("parent call")
+    print("CALLED", flush=True)
+    sys.stdin.readline()  # the model holds the parent's request (the test's gate is closed)
+    pid = os.fork()  # as gunicorn --preload forks a worker: no exec
+    if pid == 0:
+        depth = lifecycle.current().jobs.depth  # the parent's job is not the child's
+        answer("child call")
+        ok = relevancy_tracer.flush(30)
+        ok = relevancy_tracer.shutdown(10) and ok
+        print("CHILD", json.dumps([depth, ok]), flush=True)
+        os._exit(0)
+    print("FORKED", flush=True)
+    sys.stdin.readline()  # the test opened the gate after the child ended
+    _, status = os.waitpid(pid, 0)
+    ok = relevancy_tracer.flush(30)
+    print("PARENT", json.dumps([status, ok]), flush=True)
+    relevancy_tracer.shutdown(10)
+    """
+)
+
+
+def test_a_prefork_child_starts_clean_and_the_parents_evaluation_ends_once(server):
+    """Issue 42, round of our own: a prefork server (gunicorn --preload) forks, without exec,
+    while the parent's traced call is being scored (its model request held by the fake server,
+    its answer span held open). The child starts with no job, scores its own call on a loop of
+    its own and exports its own answer span; the parent's evaluation finishes once, in the
+    parent: one answer span per call in the backend, each scored, none ended by the child."""
+    from relevancy_tracer_testing import Gate, OTLPReceiver
+
+    gate = threading.Event()
+    server.chat.push(Gate(gate))  # the parent's request waits; the child's is answered at once
+    with OTLPReceiver(grpc=False) as backend:
+        env = subprocess_env(
+            fake_model_env(server), OTEL_EXPORTER_OTLP_ENDPOINT=backend.http_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none", OTEL_BSP_SCHEDULE_DELAY="100",
+        )
+        proc = subprocess.Popen([sys.executable, "-c", FORK_WHILE_SCORING_APP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        lines: list[str] = []
+        try:
+            assert proc.stdout.readline().strip() == "CALLED"
+            assert server.wait_for_requests("chat", 1, 30)
+            proc.stdin.write("fork\n")
+            proc.stdin.flush()
+            for _ in range(2):  # FORKED and CHILD, in either order
+                lines.append(proc.stdout.readline().strip())
+            child_spans = backend.wait_for_spans(lambda s: any(x["name"] == "prefork_call" for x in s), timeout=30)
+            gate.set()  # the parent's reply arrives after the child ended
+            out, err = proc.communicate("go\n", timeout=60)
+        finally:
+            gate.set()
+            proc.kill()
+        lines += out.splitlines()
+        spans = backend.wait_for_spans(lambda s: len([x for x in s if x["name"] == "prefork_call"]) >= 2, timeout=30)
+    answers = [s for s in spans if s["name"] == "prefork_call"]
+    assert "FORKED" in lines and 'CHILD [0, true]' in lines and "PARENT [0, true]" in lines, (lines, err[-3000:])
+    assert len([s for s in child_spans if s["name"] == "prefork_call"]) == 1  # the child's own, before the parent's ended
+    assert len(answers) == 2, answers
+    assert sorted(s["attributes"].get(A.STATUS) for s in answers) == ["scored", "scored"], [s["attributes"] for s in answers]
+    assert len({s["span_id"] for s in answers}) == 2
+    asked = [json.dumps(r["messages"]) for r in server.requests_to("chat")]
+    parent, child = (sum("%s call" % who in text for text in asked) for who in ("parent", "child"))
+    assert parent == child > 0 and parent + child == len(asked), (parent, child, [t[-300:] for t in asked])  # the parent's call was not scored twice
+    assert "Traceback" not in err, err[-3000:]
