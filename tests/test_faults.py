@@ -9,6 +9,7 @@ answers, Phoenix, forked processes, signals). Every tracing test also checks, th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -31,6 +32,7 @@ from relevancy_tracer.tracing import lifecycle
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer_testing import Hang
 
+from ._observability import wait_until
 from .conftest import ROOT, fake_model_env, finished_spans, subprocess_env
 
 QUESTION = "Where is France and what is its capital?"
@@ -708,3 +710,73 @@ def test_a_prefork_child_starts_clean_and_the_parents_evaluation_ends_once(serve
     parent, child = (sum("%s call" % who in text for text in asked) for who in ("parent", "child"))
     assert parent == child > 0 and parent + child == len(asked), (parent, child, [t[-300:] for t in asked])  # the parent's call was not scored twice
     assert "Traceback" not in err, err[-3000:]
+
+
+@contextlib.contextmanager
+def _wall_clock(monkeypatch):
+    """``time.time`` and ``time.time_ns`` of this process, offset by ``step(seconds)``."""
+    real, real_ns = time.time, time.time_ns
+    offset = [0.0]
+    monkeypatch.setattr(time, "time", lambda: real() + offset[0])
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + int(offset[0] * 1e9))
+
+    def step(seconds: float) -> None:
+        offset[0] += seconds
+
+    yield step
+
+
+def test_wall_clock_jumps_neither_expire_nor_hold_what_the_tracer_and_serve_hold(tracing, otel, server, monkeypatch):
+    """Issue 42, round of our own: the wall clock steps 3 hours forward, then 6 back (an NTP
+    step, a VM resumed, a wrong RTC fixed) while the tracer holds an answer span whose
+    evaluation waits on the model, while `serve`'s join buffer remembers a call, and while the
+    rate limit counts. Every deadline and rate runs on the monotonic clock: the held span is
+    not expired by the forward step and is scored when the reply comes; an evaluation the
+    model never answers, with the clock 6 hours back, ends at its `evaluation_timeout` (3 s),
+    not hours later; the join
+    buffer forgets after its ttl, not at once nor hours late; the rate limit is not refilled by
+    the forward step nor starved by the backward one."""
+    from relevancy_tracer.service.join import ContentJoin
+    from relevancy_tracer.tracing.sampling import RateLimitSampler
+    from relevancy_tracer_testing import Gate
+
+    tracing(evaluation_timeout=60.0, llm_timeout=60.0)
+    gate = threading.Event()
+    server.chat.push(Gate(gate), Hang())
+    name = "test_wall_clock_jumps_neither_expire_nor_hold_what_the_tracer_and_serve_hold.<locals>.held"
+
+    @relevancy_tracer.trace
+    def held(question: str) -> str:
+        return "France is in western Europe."
+
+    join = ContentJoin(ttl=1.0, max_entries=10, max_chars=1000)
+    limiter = RateLimitSampler(per_minute=60, burst=1)
+    with _wall_clock(monkeypatch) as step:
+        held("Where is France?")
+        assert server.wait_for_requests("chat", 1, 30)
+        with join.lock:
+            join.commit([("t", "s")], {})
+        assert limiter.should_sample(None) and not limiter.should_sample(None)
+        step(3 * 3600)
+        join.expire()
+        assert join.done(("t", "s")), "the join buffer forgot a call at a forward step"
+        assert not limiter.should_sample(None), "a forward step refilled the rate limit"
+        with pytest.raises(pytest.fail.Exception):  # the answer span stays held for 1.5 s at least
+            wait_until(lambda: finished_spans(otel, name), 1.5, "the held answer span (it must not end)")
+        assert not finished_spans(otel, name), [(attrs_of(s), s.end_time - s.start_time) for s in finished_spans(otel, name)]
+        step(-6 * 3600)
+        gate.set()
+        assert relevancy_tracer.flush(30)
+        (span,) = finished_spans(otel, name)
+        assert attrs_of(span)[A.STATUS] == "scored", attrs_of(span)
+        wait_until(lambda: limiter.should_sample(None), 3, "the rate limit refilled after a backward step")
+        wait_until(lambda: join.expire() or not join.done(("t", "s")), 3, "the join buffer forgot the call after its ttl")
+        tracing(evaluation_timeout=3.0, llm_timeout=60.0)
+        otel.exporter.clear()
+        step(-3 * 3600)
+        started = time.monotonic()
+        held("Where is Paris?")  # the model never answers: evaluation_timeout ends it
+        assert relevancy_tracer.flush(30)
+        elapsed = time.monotonic() - started
+    (span,) = finished_spans(otel, name)
+    assert attrs_of(span)[A.STATUS] == "timeout" and elapsed < 10, (attrs_of(span), elapsed)
