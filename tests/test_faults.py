@@ -9,6 +9,7 @@ answers, Phoenix, forked processes, signals). Every tracing test also checks, th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -30,6 +32,7 @@ from relevancy_tracer.tracing import lifecycle
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer_testing import Hang
 
+from ._observability import wait_until
 from .conftest import ROOT, fake_model_env, finished_spans, subprocess_env
 
 QUESTION = "Where is France and what is its capital?"
@@ -630,3 +633,150 @@ def test_the_decorator_bounds_a_huge_or_endless_model_reply(tracing, otel, serve
     assert attributes[A.STATUS] == "error" and attributes[A.ERROR_TYPE] == "model_error", attributes
     expected = "llm_max_reply_bytes" if reply == "huge-chunked" else "Timeout"
     assert expected in str(attributes.get(A.ERROR)), attributes
+
+
+FORK_WHILE_SCORING_APP = textwrap.dedent(
+    """
+    import json, os, sys
+    import relevancy_tracer
+    from relevancy_tracer.tracing import lifecycle
+
+    relevancy_tracer.configure()  # attach="answer_span": the answer span is held until scored
+
+    @relevancy_tracer.trace(name="prefork_call")
+    def answer(question):
+        return "France is in western Europe and Paris is its capital (the %s)." % question
+
+    answer("parent call")
+    print("CALLED", flush=True)
+    sys.stdin.readline()  # the model holds the parent's request (the test's gate is closed)
+    pid = os.fork()  # as gunicorn --preload forks a worker: no exec
+    if pid == 0:
+        depth = lifecycle.current().jobs.depth  # the parent's job is not the child's
+        answer("child call")
+        ok = relevancy_tracer.flush(30)
+        ok = relevancy_tracer.shutdown(10) and ok
+        print("CHILD", json.dumps([depth, ok]), flush=True)
+        os._exit(0)
+    print("FORKED", flush=True)
+    sys.stdin.readline()  # the test opened the gate after the child ended
+    _, status = os.waitpid(pid, 0)
+    ok = relevancy_tracer.flush(30)
+    print("PARENT", json.dumps([status, ok]), flush=True)
+    relevancy_tracer.shutdown(10)
+    """
+)
+
+
+def test_a_prefork_child_starts_clean_and_the_parents_evaluation_ends_once(server):
+    """Issue 42, round of our own: a prefork server (gunicorn --preload) forks, without exec,
+    while the parent's traced call is being scored (its model request held by the fake server,
+    its answer span held open). The child starts with no job, scores its own call on a loop of
+    its own and exports its own answer span; the parent's evaluation finishes once, in the
+    parent: one answer span per call in the backend, each scored, none ended by the child."""
+    from relevancy_tracer_testing import Gate, OTLPReceiver
+
+    gate = threading.Event()
+    server.chat.push(Gate(gate))  # the parent's request waits; the child's is answered at once
+    with OTLPReceiver(grpc=False) as backend:
+        env = subprocess_env(
+            fake_model_env(server), OTEL_EXPORTER_OTLP_ENDPOINT=backend.http_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none", OTEL_BSP_SCHEDULE_DELAY="100",
+        )
+        proc = subprocess.Popen([sys.executable, "-c", FORK_WHILE_SCORING_APP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        lines: list[str] = []
+        try:
+            assert proc.stdout.readline().strip() == "CALLED"
+            assert server.wait_for_requests("chat", 1, 30)
+            proc.stdin.write("fork\n")
+            proc.stdin.flush()
+            for _ in range(2):  # FORKED and CHILD, in either order
+                lines.append(proc.stdout.readline().strip())
+            child_spans = backend.wait_for_spans(lambda s: any(x["name"] == "prefork_call" for x in s), timeout=30)
+            gate.set()  # the parent's reply arrives after the child ended
+            out, err = proc.communicate("go\n", timeout=60)
+        finally:
+            gate.set()
+            proc.kill()
+        lines += out.splitlines()
+        spans = backend.wait_for_spans(lambda s: len([x for x in s if x["name"] == "prefork_call"]) >= 2, timeout=30)
+    answers = [s for s in spans if s["name"] == "prefork_call"]
+    assert "FORKED" in lines and 'CHILD [0, true]' in lines and "PARENT [0, true]" in lines, (lines, err[-3000:])
+    assert len([s for s in child_spans if s["name"] == "prefork_call"]) == 1  # the child's own, before the parent's ended
+    assert len(answers) == 2, answers
+    assert sorted(s["attributes"].get(A.STATUS) for s in answers) == ["scored", "scored"], [s["attributes"] for s in answers]
+    assert len({s["span_id"] for s in answers}) == 2
+    asked = [json.dumps(r["messages"]) for r in server.requests_to("chat")]
+    parent, child = (sum("%s call" % who in text for text in asked) for who in ("parent", "child"))
+    assert parent == child > 0 and parent + child == len(asked), (parent, child, [t[-300:] for t in asked])  # the parent's call was not scored twice
+    assert "Traceback" not in err, err[-3000:]
+
+
+@contextlib.contextmanager
+def _wall_clock(monkeypatch):
+    """``time.time`` and ``time.time_ns`` of this process, offset by ``step(seconds)``."""
+    real, real_ns = time.time, time.time_ns
+    offset = [0.0]
+    monkeypatch.setattr(time, "time", lambda: real() + offset[0])
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + int(offset[0] * 1e9))
+
+    def step(seconds: float) -> None:
+        offset[0] += seconds
+
+    yield step
+
+
+def test_wall_clock_jumps_neither_expire_nor_hold_what_the_tracer_and_serve_hold(tracing, otel, server, monkeypatch):
+    """Issue 42, round of our own: the wall clock steps 3 hours forward, then 6 back (an NTP
+    step, a VM resumed, a wrong RTC fixed) while the tracer holds an answer span whose
+    evaluation waits on the model, while `serve`'s join buffer remembers a call, and while the
+    rate limit counts. Every deadline and rate runs on the monotonic clock: the held span is
+    not expired by the forward step and is scored when the reply comes; an evaluation the
+    model never answers, with the clock 6 hours back, ends at its `evaluation_timeout` (3 s),
+    not hours later; the join
+    buffer forgets after its ttl, not at once nor hours late; the rate limit is not refilled by
+    the forward step nor starved by the backward one."""
+    from relevancy_tracer.service.join import ContentJoin
+    from relevancy_tracer.tracing.sampling import RateLimitSampler
+    from relevancy_tracer_testing import Gate
+
+    tracing(evaluation_timeout=60.0, llm_timeout=60.0)
+    gate = threading.Event()
+    server.chat.push(Gate(gate), Hang())
+    name = "test_wall_clock_jumps_neither_expire_nor_hold_what_the_tracer_and_serve_hold.<locals>.held"
+
+    @relevancy_tracer.trace
+    def held(question: str) -> str:
+        return "France is in western Europe."
+
+    join = ContentJoin(ttl=1.0, max_entries=10, max_chars=1000)
+    limiter = RateLimitSampler(per_minute=60, burst=1)
+    with _wall_clock(monkeypatch) as step:
+        held("Where is France?")
+        assert server.wait_for_requests("chat", 1, 30)
+        with join.lock:
+            join.commit([("t", "s")], {})
+        assert limiter.should_sample(None) and not limiter.should_sample(None)
+        step(3 * 3600)
+        join.expire()
+        assert join.done(("t", "s")), "the join buffer forgot a call at a forward step"
+        assert not limiter.should_sample(None), "a forward step refilled the rate limit"
+        with pytest.raises(pytest.fail.Exception):  # the answer span stays held for 1.5 s at least
+            wait_until(lambda: finished_spans(otel, name), 1.5, "the held answer span (it must not end)")
+        assert not finished_spans(otel, name), [(attrs_of(s), s.end_time - s.start_time) for s in finished_spans(otel, name)]
+        step(-6 * 3600)
+        gate.set()
+        assert relevancy_tracer.flush(30)
+        (span,) = finished_spans(otel, name)
+        assert attrs_of(span)[A.STATUS] == "scored", attrs_of(span)
+        wait_until(lambda: limiter.should_sample(None), 3, "the rate limit refilled after a backward step")
+        wait_until(lambda: join.expire() or not join.done(("t", "s")), 3, "the join buffer forgot the call after its ttl")
+        tracing(evaluation_timeout=3.0, llm_timeout=60.0)
+        otel.exporter.clear()
+        step(-3 * 3600)
+        started = time.monotonic()
+        held("Where is Paris?")  # the model never answers: evaluation_timeout ends it
+        assert relevancy_tracer.flush(30)
+        elapsed = time.monotonic() - started
+    (span,) = finished_spans(otel, name)
+    assert attrs_of(span)[A.STATUS] == "timeout" and elapsed < 10, (attrs_of(span), elapsed)

@@ -28,7 +28,7 @@ from hypothesis import given, settings as hypothesis_settings, strategies as st
 from relevancy_tracer.otel import attributes as A
 from relevancy_tracer.otel.results import evaluation_id
 from relevancy_tracer.service.jobs import ScoreRequest
-from relevancy_tracer_testing import RedisServer, Status
+from relevancy_tracer_testing import Gate, RedisServer, Status
 
 from ._observability import wait_until
 from .conftest import ROOT, fake_model_env, openai_settings, subprocess_env
@@ -639,3 +639,58 @@ def test_a_worker_whose_redis_user_may_not_run_scripts_scores_each_job_once(serv
     warnings = [r.getMessage() for r in caplog.records if "may not run Lua scripts" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+
+
+# ------------------------------------------------------------------------------ issue 42: a trimmed stream
+
+
+def _pel(client: Any) -> int:
+    return int(client.xpending(STREAM, "relevancy-tracer-workers")["pending"])
+
+
+def test_jobs_deleted_from_the_stream_while_held_or_pending_are_counted_lost(server, backend, redis_server, client, caplog):
+    """Issue 42, round of our own: the stream's entries are deleted under the fleet (``XTRIM
+    MAXLEN 0`` while a worker holds 4 jobs with their model requests in flight; ``XDEL`` of 4
+    jobs waiting pending for their retry after a model outage) and before any worker reclaims
+    them. Each deleted job is counted lost once (``FleetWorker.lost``,
+    ``relevancy.service.lost_jobs``), the held jobs' results are dropped as ``job_deleted``,
+    the pending entry list is emptied, the log has a bounded number of lines, and the fleet
+    goes on scoring new jobs."""
+    import logging
+
+    gate = threading.Event()
+    server.chat.push(*[Gate(gate)] * 4)
+    settings = openai_settings(server, llm_max_retries=0, llm_timeout=30.0, concurrency=4, max_deliveries=5)
+    with caplog.at_level(logging.WARNING, logger="relevancy_tracer"):
+        with workers(redis_server.url, settings, n=2, claim_idle=0.4) as fleet:
+            with client.pipeline(transaction=True) as pipe:  # one MULTI: taken at once, all 4 in flight
+                enqueue(pipe, [job(i) for i in range(4)])
+                pipe.execute()
+            assert server.wait_for_requests("chat", 4, timeout=30)
+            assert client.xtrim(STREAM, maxlen=0, approximate=False) == 4
+            assert _pel(client) == 4
+            wait_until(lambda: _pel(client) == 0 or None, 10, "the held jobs' pending entries cleaned")
+            gate.set()
+            wait_until(lambda: sum(w.lost for w in fleet) >= 4, 20, "the held jobs counted lost")
+            # jobs failing transiently wait pending for their retry; deleted meanwhile
+            server.chat.push(*[Status(503, "model overloaded")] * 4)
+            pending = [job(10 + i) for i in range(4)]
+            enqueue(client, pending)
+            wait_until(lambda: sum(w.retried for w in fleet) >= 4, 20, "the jobs failed once")
+            ids = [entry_id for entry_id, _ in client.xrange(STREAM)]
+            assert len(ids) == 4 and client.xdel(STREAM, *ids) == 4
+            wait_until(lambda: _pel(client) == 0 or None, 10, "the deleted jobs' pending entries cleaned")
+            wait_until(lambda: sum(w.lost for w in fleet) >= 8, 20, "the deleted jobs counted lost")
+            after = job(99)
+            enqueue(client, [after])
+            wait_until(lambda: settled(client) and sum(w.scored for w in fleet) == 1, 20, "a new job scored")
+            chat_calls = len(server.requests_to("chat"))
+    assert sum(w.lost for w in fleet) == 8, [w.lost for w in fleet]
+    assert sum(w.skipped for w in fleet) == 0 and sum(w.dead_lettered for w in fleet) == 0
+    by_id = evaluations_by_id(backend, 1)
+    assert list(by_id) == [after.evaluation_id]
+    assert chat_calls <= 4 + 4 + 4  # no job re-scored, no busy loop on the deleted entries
+    records = [r for r in caplog.records if r.name == "relevancy_tracer"]
+    assert not [r for r in records if r.exc_info], [r.getMessage() for r in records if r.exc_info]
+    assert len(records) <= 4 + 4 + 8, [r.getMessage() for r in records]  # retries, and at most a line per lost job
+    assert all("reclaimed by another worker" not in r.getMessage() for r in records)

@@ -57,8 +57,10 @@ class FleetWorker:
     Attributes:
         scored, skipped, failed, dead_lettered: jobs by how they ended (skipped: already done;
         failed: a final engine outcome other than scored, written and acknowledged); each job
-        taken ends in exactly one of them. reclaimed: deliveries of pending jobs; retried:
-        deliveries that failed transiently and left the job pending.
+        taken ends in exactly one of them or in lost. lost: pending jobs deleted from the stream
+        (``XDEL``, ``XTRIM``) that this worker found and cleared (each counted by one worker of
+        the fleet; the result of a held one is dropped). reclaimed: deliveries of pending jobs;
+        retried: deliveries that failed transiently and left the job pending.
     """
 
     def __init__(self, queue_url: str, settings: Optional[Settings] = None, *, claim_idle: float = 30.0, consumer: Optional[str] = None):
@@ -69,13 +71,16 @@ class FleetWorker:
         self.consumer = consumer or consumer_name()
         self.telemetry = ServiceTelemetry(queue_depth=self.queue.depth)
         self.scorer = Scorer.for_settings(self.settings, self.telemetry)
-        self.scored = self.skipped = self.reclaimed = self.failed = self.retried = self.dead_lettered = 0
+        self.scored = self.skipped = self.reclaimed = self.failed = self.retried = self.dead_lettered = self.lost = 0
         self._stop = threading.Event()
         self._held: dict[str, float] = {}  # entry id -> monotonic time until which its claim is extended
         # scored and exported, their acknowledgement failed (Redis unreachable): retried before
         # new jobs are taken, their claims extended meanwhile so no worker scores them again
         self._unacked: dict[str, tuple[Optional[str], Optional[str]]] = {}
         self._held_lock = threading.Lock()
+        # held jobs found deleted from the stream by a claim extension (counted lost): their
+        # results are dropped without another word
+        self._deleted: set[str] = set()
         # a held job's claim is extended while it can still be in progress: the evaluation, the
         # writes and the exporters' flush (30 s); after that a wedged worker lets it go
         self._hold_limit = self.settings.evaluation_timeout + 60.0
@@ -118,9 +123,25 @@ class FleetWorker:
             with self._held_lock:
                 entry_ids = [entry_id for entry_id, until in self._held.items() if until > now]
             try:
-                self.queue.extend(self.consumer, entry_ids)
+                deleted = self.queue.extend(self.consumer, entry_ids)
             except Exception:
                 logger.warning("relevancy-tracer worker: extending the claim of %d jobs failed", len(entry_ids), exc_info=True)
+                continue
+            if deleted:
+                with self._held_lock:
+                    self._deleted.update(deleted)
+                    for entry_id in deleted:
+                        self._held.pop(entry_id, None)
+                self._lost(len(deleted), "held by this worker; their results will be dropped")
+
+    def _lost(self, count: int, how: str) -> None:
+        """``count`` pending jobs found deleted from the stream and cleared: counted, one log line."""
+        self.lost += count
+        self.telemetry.lost_jobs.add(count, {"error.type": "job_deleted"})
+        logger.warning(
+            "relevancy-tracer worker: %d jobs were deleted from the stream %s (XDEL or XTRIM) before they were finished (%s); counted lost",
+            count, self.queue.stream, how,
+        )
 
     def _hold(self, deliveries: list) -> None:
         until = time.monotonic() + self._hold_limit
@@ -131,6 +152,7 @@ class FleetWorker:
     def _release(self, deliveries: list) -> None:
         with self._held_lock:
             for delivery in deliveries:
+                self._deleted.discard(delivery.entry_id)
                 if delivery.entry_id not in self._unacked:
                     self._held.pop(delivery.entry_id, None)
 
@@ -143,7 +165,7 @@ class FleetWorker:
             del self._unacked[entry_id]
             with self._held_lock:
                 self._held.pop(entry_id, None)
-        deliveries = self.queue.reclaim(self.consumer, count)
+        deliveries = self.queue.reclaim(self.consumer, count, lambda n: self._lost(n, "pending, waiting to be reclaimed"))
         if deliveries:
             self.reclaimed += len(deliveries)
             self.telemetry.reclaimed.add(len(deliveries))
@@ -175,6 +197,8 @@ class FleetWorker:
         written = []
         for delivery, result in zip(todo, results):
             request = delivery.request
+            if self._was_deleted(delivery):  # counted lost when found; nothing to retry or write
+                continue
             if isinstance(result, BaseException):  # a bug on this job's input: never blocks the others
                 if not isinstance(result, Exception):
                     raise result
@@ -206,6 +230,13 @@ class FleetWorker:
             else:
                 self.failed += 1
 
+    def _was_deleted(self, delivery: Any) -> bool:
+        with self._held_lock:
+            deleted = delivery.entry_id in self._deleted
+        if deleted:
+            self.telemetry.dropped_results.add(1, {"error.type": "job_deleted"})
+        return deleted
+
     def _may_write(self, delivery: Any) -> bool:
         """Whether this worker still holds ``delivery``'s job and it is not done (checked
         atomically in Redis, :meth:`RedisStreamQueue.may_write`). A job another worker took
@@ -223,6 +254,11 @@ class FleetWorker:
             return True
         if state == "held":
             return True
+        if state in ("deleted", "gone"):  # deleted from the stream while this worker scored it
+            self.telemetry.dropped_results.add(1, {"error.type": "job_deleted"})
+            if state == "deleted":  # cleared by this check ("gone": by another worker, who counted it)
+                self._lost(1, "held by this worker; its result is dropped")
+            return False
         self.skipped += 1
         self.telemetry.dropped_results.add(1, {"error.type": "job_" + state})
         with self._held_lock:

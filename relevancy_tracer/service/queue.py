@@ -27,7 +27,11 @@ none is queued twice.
   minimum idle time makes it exclusive, and Redis counts the deliveries;
 * a job that cannot be scored (malformed, or failed on its ``max_deliveries``-th delivery) is
   moved to the stream ``<stream>:dead-letter`` with its error (:meth:`dead_letter`), in one
-  transaction with its acknowledgement.
+  transaction with its acknowledgement;
+* a job deleted from the stream while pending (``XDEL``, ``XTRIM`` by an operator or another
+  client) is lost: the first worker to find it (extending its claim, checking it may write,
+  reclaiming it) acknowledges it, clearing its pending entry, and counts it once (the ``XACK``
+  that cleared it); a result scored for it is dropped.
 """
 
 from __future__ import annotations
@@ -60,31 +64,47 @@ DEAD_LETTER_MAX_BYTES = 64 * 1024 * 1024
 
 
 #: Extends the claim of the entries ``ARGV[3..]`` of stream ``KEYS[1]`` (group ``ARGV[1]``) that
-#: consumer ``ARGV[2]`` still holds; returns how many. An entry another worker reclaimed
-#: meanwhile (this one was paused) is left to it: ``XCLAIM`` with no minimum idle time would
-#: take it back.
+#: consumer ``ARGV[2]`` still holds. An entry another worker reclaimed meanwhile (this one was
+#: paused) is left to it: ``XCLAIM`` with no minimum idle time would take it back. An entry
+#: deleted from the stream meanwhile (``XDEL``, ``XTRIM``) is acknowledged (its pending entry
+#: cleared) instead; returns the ids of those this call cleared (Redis 7's ``XCLAIM`` would clear
+#: it silently, Redis 6's would keep it pending for ever).
 _EXTEND_HELD = """
-local extended = 0
+local deleted = {}
 for i = 3, #ARGV do
     local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
     if #pending > 0 and pending[1][2] == ARGV[2] then
-        redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
-        extended = extended + 1
+        if #redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i]) == 0 then
+            if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then deleted[#deleted + 1] = ARGV[i] end
+        else
+            redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+        end
     end
 end
-return extended
+return deleted
 """
 
 #: Whether consumer ``ARGV[2]`` may write the result of entry ``ARGV[3]`` of stream ``KEYS[1]``
 #: (group ``ARGV[1]``), whose done marker is ``KEYS[2]``: ``done`` (marker set: another worker
 #: wrote it), ``lost`` (the entry is no longer pending for this consumer: reclaimed by another
-#: worker, or acknowledged), else ``held``, and its claim is extended (its idle time reset), so
-#: no worker reclaims it for ``claim_idle`` while the result is written. One script: nothing
-#: runs between the checks and the extension.
+#: worker), ``deleted`` (still pending for this consumer but deleted from the stream, ``XDEL`` or
+#: ``XTRIM``: acknowledged here, its pending entry cleared), ``gone`` (neither pending for this
+#: consumer nor in the stream: cleared by another call, or acknowledged by another worker), else
+#: ``held``, and its claim is extended (its idle time reset), so no worker reclaims it for
+#: ``claim_idle`` while the result is written. One script: nothing runs between the checks and
+#: the extension.
 _MAY_WRITE = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'done' end
+local exists = #redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3]) > 0
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if #pending == 0 or pending[1][2] ~= ARGV[2] then return 'lost' end
+if #pending == 0 or pending[1][2] ~= ARGV[2] then
+    if exists then return 'lost' end
+    return 'gone'
+end
+if not exists then
+    redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+    return 'deleted'
+end
 redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
 return 'held'
 """
@@ -261,60 +281,94 @@ class RedisStreamQueue:
         reclaimed: ``claim_idle * 2 ** (deliveries - 1)``, at most ``max(claim_idle, 900)``."""
         return min(self.claim_idle * 2 ** max(0, min(deliveries - 1, 30)), max(self.claim_idle, 900.0))
 
-    def reclaim(self, consumer: str, count: int) -> list[Delivery]:
+    def reclaim(self, consumer: str, count: int, on_deleted: Optional[Callable[[int], None]] = None) -> list[Delivery]:
         """Up to ``count`` pending jobs idle for at least their :meth:`retry_delay`, now
         ``consumer``'s (their delivery count incremented). Scans the pending entries from a
-        cursor, so entries still waiting for their backoff never hide later ones."""
+        cursor, so entries still waiting for their backoff never hide later ones.
+
+        A pending job deleted from the stream (``XDEL``, ``XTRIM`` by an operator or another
+        client) can never be delivered again: its pending entry is acknowledged (cleared), and
+        ``on_deleted`` is called with how many this call cleared (the ``XACK`` count: a job
+        another worker acknowledged meanwhile is not counted)."""
         page_size = max(32, 4 * count)
         start = self._claim_cursor if self._claim_cursor == "-" else "(" + self._claim_cursor
         pending = self._grouped(lambda: self.redis.xpending_range(self.stream, self.group, start, "+", page_size, idle=int(self.claim_idle * 1000)))
+        due = []
         cursor = "-"
-        out: list[Delivery] = []
         for entry in pending:
-            if len(out) >= count:  # resume after the last entry examined
+            if len(due) >= count:  # resume after the last entry examined
                 break
             entry_id = cursor = _text(entry["message_id"])
             deliveries = int(entry["times_delivered"])
             delay_ms = int(self.retry_delay(deliveries) * 1000)
-            if int(entry["time_since_delivered"]) < delay_ms:
-                continue
+            if int(entry["time_since_delivered"]) >= delay_ms:
+                due.append((entry_id, deliveries, delay_ms))
+        else:
+            cursor = cursor if len(pending) == page_size else "-"
+        self._claim_cursor = cursor
+        if due:  # which of them are still in the stream (one round trip)
+            pipe = self.redis.pipeline(transaction=False)
+            for entry_id, _, _ in due:
+                pipe.xrange(self.stream, entry_id, entry_id)
+            present = pipe.execute()
+            deleted = [entry_id for (entry_id, _, _), entries in zip(due, present) if not entries]
+            if deleted:
+                cleared = int(self._grouped(lambda: self.redis.xack(self.stream, self.group, *deleted)))
+                if cleared and on_deleted is not None:
+                    on_deleted(cleared)
+            due = [d for d, entries in zip(due, present) if entries]
+        out: list[Delivery] = []
+        for entry_id, deliveries, delay_ms in due:
             claimed = self._grouped(lambda: self.redis.xclaim(self.stream, self.group, consumer, delay_ms, [entry_id]))
             for claimed_id, fields in claimed or []:  # empty: another worker was first, or it was deleted
                 if fields is not None:
                     out.append(_delivery(claimed_id, fields, deliveries + 1))
-        else:
-            cursor = cursor if len(pending) == page_size else "-"
-        self._claim_cursor = cursor
         return self._with_contexts(out)
 
-    def extend(self, consumer: str, entry_ids: list[str]) -> None:
+    def extend(self, consumer: str, entry_ids: list[str]) -> list[str]:
         """Reset the idle time of jobs ``consumer`` holds (``XCLAIM ... JUSTID``: the delivery
         count is unchanged), so no other worker reclaims them while they are being scored.
         Checked and extended in one Lua script: a job another worker reclaimed meanwhile (this
-        one was paused past ``claim_idle``) is not taken back."""
-        if entry_ids:
-            self._scripted(
-                lambda: self._extend_held(keys=[self.stream], args=[self.group, consumer, *entry_ids]),
-                lambda: self._extend_held_unscripted(consumer, entry_ids),
-            )
+        one was paused past ``claim_idle``) is not taken back. Returns the held jobs found
+        deleted from the stream (``XDEL``, ``XTRIM``): acknowledged by this call, they are lost."""
+        if not entry_ids:
+            return []
+        deleted = self._scripted(
+            lambda: self._extend_held(keys=[self.stream], args=[self.group, consumer, *entry_ids]),
+            lambda: self._extend_held_unscripted(consumer, entry_ids),
+        )
+        return [_text(entry_id) for entry_id in deleted or []]
 
     def _holder(self, entry_id: str) -> Optional[str]:
         """The consumer holding the pending entry ``entry_id``, or None when it is not pending."""
         pending = self.redis.xpending_range(self.stream, self.group, entry_id, entry_id, 1)
         return _text(pending[0]["consumer"]) if pending else None
 
-    def _extend_held_unscripted(self, consumer: str, entry_ids: list[str]) -> None:
+    def _exists(self, entry_id: str) -> bool:
+        return bool(self.redis.xrange(self.stream, entry_id, entry_id))
+
+    def _extend_held_unscripted(self, consumer: str, entry_ids: list[str]) -> list[str]:
         """:meth:`extend` for a Redis user that may not run scripts: the same checks, not atomic."""
-        mine = [entry_id for entry_id in entry_ids if self._holder(entry_id) == consumer]
+        mine, deleted = [], []
+        for entry_id in entry_ids:
+            if self._holder(entry_id) == consumer:
+                if self._exists(entry_id):
+                    mine.append(entry_id)
+                elif self.redis.xack(self.stream, self.group, entry_id):
+                    deleted.append(entry_id)
         if mine:
             self.redis.xclaim(self.stream, self.group, consumer, 0, mine, justid=True)
+        return deleted
 
     def _may_write_unscripted(self, consumer: str, entry_id: str, done_key: str) -> str:
         """:meth:`may_write` for a Redis user that may not run scripts: the same checks, not atomic."""
         if self.redis.exists(done_key):
             return "done"
+        exists = self._exists(entry_id)
         if self._holder(entry_id) != consumer:
-            return "lost"
+            return "lost" if exists else "gone"
+        if not exists:
+            return "deleted" if self.redis.xack(self.stream, self.group, entry_id) else "gone"
         self.redis.xclaim(self.stream, self.group, consumer, 0, [entry_id], justid=True)
         return "held"
 
@@ -341,8 +395,10 @@ class RedisStreamQueue:
         """Whether ``consumer`` may write the result of the job ``entry_id`` now: ``held`` (it
         still holds the job and no result was recorded as done; its claim is extended, so
         nobody reclaims it while the result is written and exported), ``done`` (another worker
-        finished it) or ``lost`` (another worker reclaimed it: this one was paused past
-        ``claim_idle``). Checked atomically (one Lua script), so of two workers that scored the
+        finished it), ``lost`` (another worker reclaimed it: this one was paused past
+        ``claim_idle``), ``deleted`` (deleted from the stream, ``XDEL`` or ``XTRIM``, while held:
+        acknowledged by this call) or ``gone`` (deleted and already cleared, or acknowledged by
+        another worker). Checked atomically (one Lua script), so of two workers that scored the
         same job one writes. Raises ``redis.RedisError`` (unreachable, out of memory)."""
         done_key = DONE_PREFIX + (evaluation_id or "")
         answer = self._scripted(
