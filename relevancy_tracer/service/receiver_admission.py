@@ -148,6 +148,9 @@ class DaemonPool:
         self._closed = False
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run ``fn(*args)`` on a pool thread (one more is started while fewer than ``workers``
+        run and none is idle); its result or exception goes to the returned future. Raises
+        ``RuntimeError`` once the pool is shut down."""
         future: Future = Future()
         with self._lock:
             if self._closed:
