@@ -26,7 +26,7 @@ from typing import Any, Iterable, Optional
 
 from .tracing import lifecycle
 from .config import Settings
-from .dataset import ColumnMapping
+from .dataset.columns import ColumnMapping
 from .tracing.decorator import instrument, trace
 from .tracing.drift import DriftEvent, DriftMonitor
 from .tracing.extraction import CallInfo

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .config import GENERATION_MODES, NONCOMMITTAL_RULES, Settings, settings_table, update_settings_table
-from .dataset import ColumnMapping
+from .dataset.columns import ColumnMapping
 from .scoring.methods import METHODS
 
 

@@ -68,10 +68,10 @@ def test_each_jsonl_row_accounts_for_the_bytes_read_up_to_its_end(lines, limit, 
     lines blank in Unicode whitespace only, bad UTF-8, CR, over-long lines skipped in chunks)."""
     from unittest import mock
 
-    import relevancy_tracer.dataset as dataset
+    import relevancy_tracer.dataset.reading as reading  # the module whose globals read_rows reads
 
     data = b"\n".join(lines)
-    if b"\0" in data[: dataset.SNIFF_BYTES]:
+    if b"\0" in data[: reading.SNIFF_BYTES]:
         return  # binary: refused
     ends = [0]  # where line n ends (its LF included): a line of the reader ends at LF only
     for raw in data.split(b"\n"):
@@ -79,13 +79,13 @@ def test_each_jsonl_row_accounts_for_the_bytes_read_up_to_its_end(lines, limit, 
     ends[-1] = len(data)
     with (
         tempfile.TemporaryDirectory() as folder,
-        mock.patch.object(dataset, "MAX_LINE_BYTES", limit),
-        mock.patch.object(dataset, "_SKIP_CHUNK", chunk),
+        mock.patch.object(reading, "MAX_LINE_BYTES", limit),
+        mock.patch.object(reading, "_SKIP_CHUNK", chunk),
     ):
         path = Path(folder) / "in.jsonl"
         path.write_bytes(data)
         rows = list(read_rows(path))
-        assert dataset.file_extent(path) == ("bytes", len(data))
+        assert reading.file_extent(path) == ("bytes", len(data))
     total = 0
     for row in rows:
         total += row.consumed
@@ -113,7 +113,7 @@ def test_each_csv_row_accounts_for_the_bytes_read_up_to_its_end(records, crlf, e
     import io as _io
     from unittest import mock
 
-    import relevancy_tracer.dataset as dataset
+    import relevancy_tracer.dataset.reading as reading  # the module whose globals read_rows reads
 
     text = _io.StringIO()
     writer = csv.writer(text, lineterminator="\r\n" if crlf else "\n")
@@ -127,7 +127,7 @@ def test_each_csv_row_accounts_for_the_bytes_read_up_to_its_end(records, crlf, e
     data = (b"\xef\xbb\xbf" if bom else b"") + text.getvalue().encode("utf-8", "surrogateescape")
     if not end:
         data = data[: -2 if crlf else -1]
-    with tempfile.TemporaryDirectory() as folder, mock.patch.object(dataset, "_SKIP_CHUNK", chunk):
+    with tempfile.TemporaryDirectory() as folder, mock.patch.object(reading, "_SKIP_CHUNK", chunk):
         path = Path(folder) / "in.csv"
         path.write_bytes(data)
         rows = list(read_rows(path))

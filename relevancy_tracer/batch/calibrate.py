@@ -18,7 +18,9 @@ from concurrent.futures import CancelledError
 from typing import Any, Optional
 
 from ..config import Settings
-from ..dataset import ColumnMapping, InputRow, read_rows, resolve_path, write_atomically
+from ..dataset.columns import ColumnMapping, resolve_path
+from ..dataset.reading import InputRow, read_rows
+from ..dataset.writing import write_atomically
 from ..result import RelevancyResult
 from .._background.loop import process_loop
 from .._signals import StopSignals

@@ -8,7 +8,8 @@ import asyncio
 import threading
 from typing import Callable, Optional
 
-from ..dataset import STDIN, ColumnMapping, InputRow, read_rows, same_file
+from ..dataset.columns import ColumnMapping
+from ..dataset.reading import STDIN, InputRow, read_rows, same_file
 from ..result import RelevancyResult, Status
 from ..scoring.engine import Engine
 

@@ -31,7 +31,9 @@ from concurrent.futures import CancelledError, TimeoutError as FutureTimeout
 from typing import Any, Optional
 
 from ..config import Settings
-from ..dataset import STDIN, ColumnMapping, InputRow, RowWriter, file_extent
+from ..dataset.columns import ColumnMapping
+from ..dataset.reading import STDIN, InputRow, file_extent
+from ..dataset.writing import RowWriter
 from ..result import RelevancyResult
 from .._background.loop import process_loop
 from .._signals import StopSignals

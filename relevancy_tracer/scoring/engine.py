@@ -375,7 +375,7 @@ class Engine:
         A row that cannot be read gets status ``invalid_input``. ``on_result(index, result)`` is
         called as each row finishes.
         """
-        from ..dataset import ColumnMapping, iter_rows
+        from ..dataset.columns import ColumnMapping, iter_rows
 
         settings = self.settings_for(overrides)
         mapping = mapping or ColumnMapping()

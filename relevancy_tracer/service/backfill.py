@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..config import Settings
-from ..dataset import write_atomically
+from ..dataset.writing import write_atomically
 from ..phoenix_annotations import PhoenixClient, annotation_for
 from ..scoring.engine import Engine
 from .jobs import ScoreRequest

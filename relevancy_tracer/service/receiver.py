@@ -40,100 +40,40 @@ gets 503 with ``Retry-After``), so the buffers of requests in flight stay under 
 ``max_inflight * 2 * max_request_bytes`` (plus the decoded messages). A gRPC call holds no
 thread while its message is on the way; it gets a decoding turn under the same
 ``max_inflight`` bound and then ``body_timeout`` for its message.
+
+This module's one job: :class:`OTLPServer`, the facade that runs both receivers, its lifecycle (the event
+loop thread, start, stop) and its constructor's contract. OTLP/HTTP is in
+:mod:`~relevancy_tracer.service.receiver_http`, OTLP/gRPC in
+:mod:`~relevancy_tracer.service.receiver_grpc`, the admission step both share (decoding turns,
+decoding, hand-off, the answer's outcome) in :mod:`~relevancy_tracer.service.receiver_admission`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import functools
-import hmac
 import logging
 import math
 import os
 import ssl
-import queue
 import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..config import MAX_INT32, Settings
-from .otlp import WIRE_FACTOR, DecodeBudget, GzipInflater, OTLPDecodeError, RequestTooLarge, count_items, count_json_metrics, decoded_bytes, parse_request, upfront_bytes
+from .receiver_admission import DECODE_BUDGET_FACTOR, DEFAULT_MAX_REQUEST_BYTES, MIN_DECODE_BUDGET, Accept, Admission, DaemonPool, ReceiverLimits
+from .receiver_grpc import GRPC_SERVICES, GRPCReceiver
+from .receiver_http import HTTP_PATHS, HTTPReceiver
+
+__all__ = [
+    "ACCEPT_ERROR_LOG_INTERVAL", "DECODE_BUDGET_FACTOR", "DEFAULT_MAX_REQUEST_BYTES", "GRPC_SERVICES", "HTTP_PATHS", "MIN_DECODE_BUDGET",
+    "Accept", "Admission", "DrainRate", "OTLPServer", "ReceiverLimits",
+]
 
 logger = logging.getLogger("relevancy_tracer")
-
-def _setting_default(name: str) -> Any:
-    """The default of a :class:`~relevancy_tracer.config.Settings` field: the one place it is written."""
-    return Settings.__dataclass_fields__[name].default
-
 
 #: Seconds between two log lines about connections the process could not accept (out of file
 #: descriptors): one line with the count per interval, never one per failed accept.
 ACCEPT_ERROR_LOG_INTERVAL = 10.0
-
-#: The decoding budget (:class:`~relevancy_tracer.service.otlp.DecodeBudget`) in units of
-#: ``max_request_bytes``: the largest request of spans without attributes fits alone.
-DECODE_BUDGET_FACTOR = 32
-#: The smallest decoding budget, bytes (small ``max_request_bytes`` values).
-MIN_DECODE_BUDGET = 64 * 1024 * 1024
-
-#: Default bound of a request body and of its decompressed size (see ``max_request_bytes``).
-DEFAULT_MAX_REQUEST_BYTES = _setting_default("max_request_bytes")
-
-# google.rpc.Code values carried in error bodies (the gRPC status codes).
-INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, RESOURCE_EXHAUSTED, INTERNAL, UNAVAILABLE, UNAUTHENTICATED = 3, 4, 5, 8, 13, 14, 16
-
-
-@dataclass(frozen=True)
-class Admission:
-    """What the queue made of one export request.
-
-    Attributes:
-        accepted: False when the queue cannot take the request now (answered retryable).
-        rejected_spans: spans (log records, for a logs request) rejected for good (OTLP
-            ``partial_success.rejected_spans`` / ``rejected_log_records``).
-        message: why they were rejected (``partial_success.error_message``).
-    """
-
-    accepted: bool
-    rejected_spans: int = 0
-    message: str = ""
-
-
-#: accept(ExportTraceServiceRequest) -> Admission (accept_logs: ExportLogsServiceRequest)
-Accept = Callable[[Any], Admission]
-
-#: gRPC service of each signal.
-GRPC_SERVICES = {"traces": "opentelemetry.proto.collector.trace.v1.TraceService", "logs": "opentelemetry.proto.collector.logs.v1.LogsService", "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService"}
-#: OTLP/HTTP path of each signal.
-HTTP_PATHS = {"traces": "/v1/traces", "logs": "/v1/logs", "metrics": "/v1/metrics"}
-
-
-@dataclass(frozen=True)
-class ReceiverLimits:
-    """Bounds of the receiver (all > 0). Defaults: the settings ``max_request_bytes`` and
-    ``receiver_*`` (``relevancy_tracer.config``), where they are documented.
-
-    Attributes:
-        max_request_bytes: largest body, and largest decompressed body, in bytes.
-        max_connections: HTTP connections open at once; gRPC calls in progress at once.
-        idle_timeout: seconds a connection may go without a complete request head (from its
-            start or its previous response), then it is closed. gRPC: idle connections close
-            after ``10 * idle_timeout``.
-        body_timeout: seconds to receive one request body (HTTP 408 after) or one gRPC
-            message once its call has a decoding turn (DEADLINE_EXCEEDED after).
-        max_inflight: request bodies (HTTP) and messages (gRPC) read and decoded at once (one
-            waiting longer than ``body_timeout`` for its turn gets 503 / UNAVAILABLE); the
-            decoding threads.
-    """
-
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_connections: int = _setting_default("receiver_max_connections")
-    idle_timeout: float = _setting_default("receiver_idle_timeout")
-    body_timeout: float = _setting_default("receiver_body_timeout")
-    max_inflight: int = _setting_default("receiver_max_inflight")
 
 
 class DrainRate:
@@ -164,150 +104,7 @@ class DrainRate:
         return int(min(30, max(1, math.ceil(backlog / rate / 2))))
 
 
-def _status(code: int, message: str) -> Any:
-    from google.rpc import status_pb2
-
-    return status_pb2.Status(code=code, message=message)
-
-
-def _encode(message: Any, is_json: bool) -> bytes:
-    from google.protobuf import json_format
-
-    return json_format.MessageToJson(message, indent=None).encode() if is_json else message.SerializeToString()
-
-
-def _response(admission: Admission, signal: str = "traces") -> Any:
-    if signal == "metrics":
-        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
-
-        return ExportMetricsServiceResponse()
-    if signal == "logs":
-        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsPartialSuccess, ExportLogsServiceResponse
-
-        if admission.rejected_spans:
-            return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(rejected_log_records=admission.rejected_spans, error_message=admission.message))
-        return ExportLogsServiceResponse()
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTracePartialSuccess, ExportTraceServiceResponse
-
-    if admission.rejected_spans:
-        return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(rejected_spans=admission.rejected_spans, error_message=admission.message))
-    return ExportTraceServiceResponse()
-
-
-class _DaemonPool:
-    """At most ``workers`` daemon threads running submitted calls, started as needed.
-
-    Not :class:`concurrent.futures.ThreadPoolExecutor`, whose threads the interpreter joins at
-    exit: a decoding still running when ``serve`` stops (a huge request, a Redis that does not
-    answer) would hold the process past its shutdown bound. Its result is moot by then (the
-    client was answered 503 / UNAVAILABLE, retryable)."""
-
-    def __init__(self, workers: int, name: str):
-        self._workers, self._name = workers, name
-        self._calls: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0
-        self._closed = False
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        future: Future = Future()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the decoding pool is shut down")
-            self._calls.put((future, fn, args))
-            if self._calls.qsize() > self._idle and self._threads < self._workers:
-                self._threads += 1
-                threading.Thread(target=self._work, name=f"{self._name}-{self._threads}", daemon=True).start()
-        return future
-
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            item = self._calls.get()
-            with self._lock:
-                self._idle -= 1
-            if item is None:
-                return
-            future, fn, args = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args))
-                except BaseException as exc:  # handed to the waiting request
-                    future.set_exception(exc)
-            del item, future, fn, args
-
-    def shutdown(self) -> None:
-        """No more calls; idle threads end, busy ones end after their call (they never hold the
-        interpreter's exit)."""
-        with self._lock:
-            self._closed = True
-            for _ in range(self._threads):
-                self._calls.put(None)
-
-
-#: What a request waiting for its decoding gets once the receiver stops.
-_STOPPING = object()
-#: What a request gets when the decoding budget had no room for it within ``body_timeout``.
-_BUSY = object()
-
-
-class _ClientErrorLog(logging.LoggerAdapter):
-    """aiohttp's server log: a malformed HTTP request is the client's error, answered 400 and
-    logged in one line at DEBUG (no traceback on stderr for each bad request)."""
-
-    def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:  # type: ignore[override]
-        self.debug(f"{msg} (%s)", *args, exc_info if isinstance(exc_info, BaseException) else "")
-
-
-class _Busy(asyncio.Protocol):
-    """A connection above ``max_connections``: answered 503 (retryable), then closed lingering.
-
-    Closing a socket with unread bytes in its receive buffer makes the kernel send a TCP RST,
-    which discards the 503 before a client that sends its whole body first (urllib3, the OTLP
-    exporters) reads it: the client sees a reset, not a retryable answer. So, like aiohttp's own
-    lingering close: the reply is written, the write side shut (FIN) where the transport can,
-    and what the client still sends is read and dropped until it closes or ``linger`` seconds
-    pass (at most ``max_bytes``); then the socket is closed. At most ``max_lingering`` such
-    connections linger at once (more are closed at once), so a flood holds bounded sockets.
-    """
-
-    BODY = b'{"code":14,"message":"too many connections; retry later"}'
-    REPLY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
-
-    def __init__(self, lingering: set, linger: float, max_bytes: int, max_lingering: int):
-        self.lingering, self.linger, self.left, self.max_lingering = lingering, linger, max_bytes, max_lingering
-        self.transport: Any = None
-        self.timer: Optional[asyncio.TimerHandle] = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        transport.write(self.REPLY)
-        if len(self.lingering) >= self.max_lingering:
-            transport.close()
-            return
-        self.lingering.add(self)
-        if transport.can_write_eof():
-            transport.write_eof()
-        self.timer = asyncio.get_running_loop().call_later(self.linger, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        self.left -= len(data)
-        if self.left < 0:
-            self.transport.close()
-
-    def eof_received(self) -> bool:
-        self.transport.close()
-        return False
-
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
-        self.lingering.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
-
-
-class OTLPServer:
+class OTLPServer(HTTPReceiver, GRPCReceiver):
     """OTLP/HTTP and OTLP/gRPC receivers calling ``accept`` for each trace export request and
     ``accept_logs`` for each logs export request.
 
@@ -357,50 +154,20 @@ class OTLPServer:
     ):
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both a certificate and a key file")
-        self.accept = accept
-        self.accept_logs = accept_logs
-        self.on_metrics = on_metrics
+        super().__init__(accept, accept_logs, on_metrics, retry_after, on_refusal, token, limits)
         self.host = host
-        self.retry_after = retry_after
-        self.count_refusal = on_refusal
-        self.limits = limits
         self.tls = tls_cert is not None
         self._tls_files = (tls_cert, tls_key)
-        self._token = token.encode() if token else None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
-        self._web: Any = None
-        self._listener: Any = None
-        self._slots: Optional[asyncio.Semaphore] = None
-        self._pool: Optional[_DaemonPool] = None
-        self._stopping: Optional[asyncio.Event] = None
-        #: decoding memory of the requests in flight: 32 x max_request_bytes (512 MiB at the
-        #: default), at least 64 MiB
-        self._budget: Optional[DecodeBudget] = DecodeBudget(max(MIN_DECODE_BUDGET, DECODE_BUDGET_FACTOR * limits.max_request_bytes))
-        self._grpc: Any = None
+        self._web = None
+        self._listener = None
+        self._grpc = None
         self._accept_errors = 0
         self._accept_error_logged = -math.inf
         self._accept_errors_lock = threading.Lock()
-        self.http_port: Optional[int] = None
-        self.grpc_port: Optional[int] = None
+        self.http_port = None
+        self.grpc_port = None
         self._want_http, self._want_grpc = http_port, grpc_port
-
-    # ---------------------------------------------------------------- shared
-
-    @property
-    def signals(self) -> tuple[str, ...]:
-        """The signals received: ``traces``, then ``logs`` and ``metrics`` when handled."""
-        return ("traces",) + (("logs",) if self.accept_logs is not None else ()) + (("metrics",) if self.on_metrics is not None else ())
-
-    def authorized(self, header: Optional[str]) -> bool:
-        """Whether an ``Authorization`` value carries the token (always, when none is set)."""
-        if self._token is None:
-            return True
-        scheme, _, credentials = (header or "").strip().partition(" ")
-        # a header's undecodable bytes arrive as lone surrogates (surrogateescape): compared as
-        # the bytes sent, never an exception (they cannot match a printable ASCII token)
-        sent = credentials.strip().encode("utf-8", "surrogateescape")
-        return scheme.lower() == "bearer" and hmac.compare_digest(sent, self._token)
 
     def start(self) -> "OTLPServer":
         """Bind and serve. Raises OSError when a port is taken or the TLS files are bad."""
@@ -419,7 +186,7 @@ class OTLPServer:
 
     def _start_loop(self) -> None:
         """The event loop both receivers run on (one thread), and the decoding threads."""
-        self._pool = _DaemonPool(self.limits.max_inflight, "relevancy-tracer-otlp-decode")
+        self._pool = DaemonPool(self.limits.max_inflight, "relevancy-tracer-otlp-decode")
         loop = asyncio.new_event_loop()
         loop.set_exception_handler(self._loop_error)
         self._loop = loop
@@ -507,22 +274,6 @@ class OTLPServer:
         if left:
             await asyncio.wait(left, timeout=0.5)
 
-    async def _finished(self, decoding: Future) -> Any:
-        """The outcome of a decoding, or :data:`_STOPPING` when the receiver stops first."""
-        assert self._stopping is not None
-        if self._stopping.is_set():
-            return _STOPPING
-        waiting = asyncio.wrap_future(decoding)
-        stopping = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait((waiting, stopping), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if waiting.done():
-            return waiting.result()
-        waiting.cancel()
-        return _STOPPING
-
     def _ssl_context(self) -> Optional[ssl.SSLContext]:
         if not self.tls:
             return None
@@ -541,333 +292,3 @@ class OTLPServer:
                 raise OSError(f"the TLS key {key} is encrypted (passphrase-protected); serve needs an unencrypted PEM key: decrypt it, e.g. `openssl pkey -in {key} -out plain.key`, and pass that file") from None
             raise OSError(f"cannot load the TLS certificate {cert} and key {key}: {exc}") from exc
         return context
-
-    # ---------------------------------------------------------------- OTLP/HTTP
-
-    async def _listen(self, port: int, context: Optional[ssl.SSLContext]) -> None:
-        from aiohttp import web
-
-        limits = self.limits
-        # keepalive_timeout is armed when a connection opens and after each response, and closes
-        # the connection unless a complete request head arrived: the header and idle timeout.
-        self._web = web.Server(self._handle, keepalive_timeout=limits.idle_timeout, auto_decompress=False, access_log=None, logger=_ClientErrorLog(logging.getLogger("relevancy_tracer.otlp_http"), {}), handler_cancellation=True, lingering_time=min(10.0, limits.body_timeout))
-
-        loop = asyncio.get_running_loop()
-        opening: dict[Any, float] = {}  # handlers made but not yet connected (accepts come in bursts)
-        lingering: set = set()  # connections answered 503, draining what their client still sends
-        linger = min(10.0, limits.body_timeout)
-
-        def connection() -> asyncio.Protocol:
-            now = loop.time()
-            for handler in [h for h, made in opening.items() if h.transport is not None or now - made > limits.idle_timeout]:
-                del opening[handler]  # connected (now in .connections), or its TLS handshake failed
-            if len(self._web.connections) + len(opening) >= limits.max_connections:
-                self.count_refusal("http", "too_many_connections")
-                return _Busy(lingering, linger, limits.max_request_bytes, limits.max_connections)
-            handler = self._web()
-            opening[handler] = now
-            return handler
-
-        self._listener = await loop.create_server(connection, self.host, port, ssl=context, backlog=128, ssl_handshake_timeout=limits.idle_timeout if context else None)
-        self.http_port = self._listener.sockets[0].getsockname()[1]
-
-    async def _handle(self, request: Any) -> Any:
-        from aiohttp import web
-
-        path = request.path.rstrip("/")
-        declared = request.headers.get("Content-Type", "").lower()
-        content_type = declared or "application/x-protobuf"  # OTLP/HTTP's default encoding
-        is_json = "json" in content_type
-        errors_json = "protobuf" not in declared  # error bodies readable unless protobuf was asked for
-
-        def error(status: int, code: int, message: str, headers: Optional[dict] = None) -> Any:
-            return web.Response(status=status, body=_encode(_status(code, message), errors_json), content_type="application/json" if errors_json else "application/x-protobuf", headers=headers)
-
-        if request.method in ("GET", "HEAD") and path in ("/healthz", "/health", ""):
-            return web.Response(body=b'{"status":"ok"}', content_type="application/json")
-        signals = {HTTP_PATHS[signal]: signal for signal in self.signals}
-        signal = signals.get(path)
-        if signal is None:
-            return error(404, NOT_FOUND, f"no such path {request.path!r}; OTLP export requests go to POST " + ", ".join(signals))
-        if request.method != "POST":
-            return error(405, INVALID_ARGUMENT, "use POST", {"Allow": "POST"})
-        if not self.authorized(request.headers.get("Authorization")):
-            self.count_refusal("http", "unauthenticated")
-            return error(401, UNAUTHENTICATED, "missing or wrong bearer token (Authorization: Bearer <token>)", {"WWW-Authenticate": "Bearer"})
-        if "json" not in content_type and "protobuf" not in content_type:
-            return error(415, INVALID_ARGUMENT, "use Content-Type application/x-protobuf or application/json")
-        encoding = request.headers.get("Content-Encoding", "").strip().lower()
-        if encoding not in ("", "identity", "gzip"):
-            return error(415, INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
-        limit = self.limits.max_request_bytes
-        if request.content_length is not None and request.content_length > limit:
-            return error(413, RESOURCE_EXHAUSTED, f"the body ({request.content_length} bytes) exceeds max_request_bytes ({limit})")
-        assert self._slots is not None and self._pool is not None
-        try:
-            await asyncio.wait_for(self._slots.acquire(), self.limits.body_timeout)
-        except asyncio.TimeoutError:
-            self.count_refusal("http", "too_many_requests")
-            return error(503, UNAVAILABLE, "too many requests in progress; retry later", {"Retry-After": "1"})
-        decoding = None
-        try:
-            if request.headers.get("Expect", "").lower() == "100-continue":
-                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            try:
-                body = await asyncio.wait_for(self._read_body(request, encoding == "gzip"), self.limits.body_timeout)
-            except asyncio.TimeoutError:
-                response = error(408, DEADLINE_EXCEEDED, f"the body did not arrive within {self.limits.body_timeout:g} s")
-                response.force_close()
-                return response
-            except RequestTooLarge as exc:
-                return error(413, RESOURCE_EXHAUSTED, f"{exc} (max_request_bytes)")
-            except OTLPDecodeError as exc:
-                return error(400, INVALID_ARGUMENT, str(exc))
-            except web.HTTPException:
-                raise
-            except Exception as exc:  # aiohttp's payload errors: bad chunk framing, a short body
-                response = error(400, INVALID_ARGUMENT, f"bad request body: {exc}")
-                response.force_close()
-                return response
-            # the slot is freed when the decoding ends, even if this request is cancelled first
-            decoding = self._pool.submit(self._decode_and_admit, body, content_type, signal)
-            decoding.add_done_callback(self._release_slot)
-            outcome = await self._finished(decoding)
-        finally:
-            if decoding is None:
-                self._slots.release()
-        if outcome is _STOPPING:
-            response = error(503, UNAVAILABLE, "the receiver is shutting down; retry", {"Retry-After": "1"})
-            response.force_close()
-            return response
-        if isinstance(outcome, Admission):
-            if not outcome.accepted:
-                self.count_refusal("http", "queue_full")
-                return error(429, UNAVAILABLE, "the scoring queue is full; retry later", {"Retry-After": str(self.retry_after())})
-            return web.Response(body=_encode(_response(outcome, signal), is_json), content_type="application/json" if is_json else "application/x-protobuf")
-        if outcome is _BUSY:
-            self.count_refusal("http", "decoding_budget")
-            return error(503, UNAVAILABLE, "the receiver's decoding memory is taken by other requests; retry later", {"Retry-After": "1"})
-        if isinstance(outcome, RequestTooLarge):
-            return error(413, RESOURCE_EXHAUSTED, str(outcome))
-        if isinstance(outcome, OTLPDecodeError):
-            return error(400, INVALID_ARGUMENT, str(outcome))
-        return error(500, INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
-
-    def _release_slot(self, _future: Any) -> None:
-        loop = self._loop
-        if loop is not None and self._slots is not None:
-            try:
-                loop.call_soon_threadsafe(self._slots.release)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
-
-    async def _read_body(self, request: Any, gzip: bool) -> bytes:
-        """The body, inflated when gzip, each side bounded by ``max_request_bytes``."""
-        limit = self.limits.max_request_bytes
-        inflater = GzipInflater(limit) if gzip else None
-        parts, received = [], 0
-        while True:
-            chunk = await request.content.readany()
-            if not chunk:
-                break
-            received += len(chunk)
-            if received > limit:
-                raise RequestTooLarge(f"the body exceeds {limit} bytes")
-            parts.append(inflater.feed(chunk) if inflater is not None else chunk)
-        if inflater is not None:
-            inflater.finish()
-        return b"".join(parts)
-
-    def _decode_and_admit(self, body: bytes, content_type: str, signal: str = "traces", protocol: str = "HTTP") -> Any:
-        """Admission, or what stopped it: an exception (``OTLPDecodeError``, ``RequestTooLarge``,
-        a bug's) or :data:`_BUSY`. Runs on the decoding threads, holding the request's memory
-        estimate against the :class:`DecodeBudget` (first what counting its items or
-        ``json.loads`` takes, then what decoding and selecting them takes) while it is decoded,
-        selected and queued."""
-        budget = self._budget
-        assert budget is not None
-        is_json = "json" in content_type.lower()
-        held = 0
-        try:
-            if signal == "metrics":  # counted (the protobuf's outer levels or the JSON checked), then discarded
-                upfront = upfront_bytes(body, is_json)
-                if not budget.acquire(upfront, self.limits.body_timeout):
-                    return _BUSY
-                held = upfront
-                assert self.on_metrics is not None
-                self.on_metrics(count_json_metrics(body) if is_json else count_items(body))
-                return Admission(True)
-            upfront = upfront_bytes(body, is_json) + (WIRE_FACTOR * len(body) if is_json else 0)
-            if not budget.acquire(upfront, self.limits.body_timeout):
-                return _BUSY
-            held = upfront
-            request = None
-            if is_json:  # loaded and parsed under the upfront estimate, then counted
-                request = parse_request(body, content_type, signal=signal)
-                items = sum(len(getattr(scope, "spans" if signal == "traces" else "log_records")) for resource in getattr(request, "resource_spans" if signal == "traces" else "resource_logs") for scope in getattr(resource, "scope_spans" if signal == "traces" else "scope_logs"))
-            else:
-                items = count_items(body)
-            need = decoded_bytes(len(body), items)
-            budget.release(held)
-            held = 0
-            if not budget.acquire(need, self.limits.body_timeout):
-                return _BUSY
-            held = need
-            accept = self.accept_logs if signal == "logs" else self.accept
-            assert accept is not None
-            return accept(request if request is not None else parse_request(body, content_type, signal=signal))
-        except (OTLPDecodeError, RequestTooLarge) as exc:
-            return exc
-        except Exception as exc:  # a bug, never a dropped connection: answered 500 and logged
-            logger.warning("relevancy-tracer: an OTLP/%s export request failed", protocol, exc_info=True)
-            return exc
-        finally:
-            if held:
-                budget.release(held)
-
-    # ---------------------------------------------------------------- OTLP/gRPC
-
-    async def _listen_grpc(self, port: int) -> None:
-        """OTLP/gRPC on grpcio's asyncio server, on the receivers' event loop.
-
-        A call holds no thread while its message is on the way: the token is checked from the
-        call's metadata before the message is read (:class:`_TokenCheck`, a server
-        interceptor), and the message is read by the handler itself (``Export`` is served as a
-        stream-unary method: the same bytes on the wire as a unary call) within
-        ``body_timeout`` after it got one of the ``max_inflight`` decoding slots (a call
-        waiting longer for its slot gets UNAVAILABLE with ``retry-after: 1``; one whose message
-        does not arrive in time, DEADLINE_EXCEEDED). At most ``max_connections`` calls are in
-        progress at once (grpcio answers RESOURCE_EXHAUSTED above), and at most ``max_connections``
-        connections are open (grpc core closes one more at once, before any handshake); a
-        connection that completes no handshake within ``idle_timeout`` is closed, an idle one
-        after ``10 * idle_timeout``."""
-        import grpc
-
-        limits = self.limits
-        handlers = [
-            grpc.method_handlers_generic_handler(GRPC_SERVICES[signal], {"Export": grpc.stream_unary_rpc_method_handler(functools.partial(self._export, signal=signal), request_deserializer=None, response_serializer=lambda message: message.SerializeToString())})
-            for signal in self.signals
-        ]
-        options = [
-            ("grpc.max_receive_message_length", min(limits.max_request_bytes, MAX_INT32)),  # also bounds the decompressed size
-            ("grpc.max_connection_idle_ms", min(int(limits.idle_timeout * 10_000), MAX_INT32)),
-            ("grpc.max_concurrent_streams", 100),
-            # connections, counted by grpc core before any handshake (raw TCP without an HTTP/2
-            # preface too): above the cap a new one is closed at once, so a flood of idle
-            # connections cannot take every file descriptor of the process
-            ("grpc.max_allowed_incoming_connections", limits.max_connections),
-            # a connection that completes no HTTP/2 (and TLS) handshake in idle_timeout is closed
-            ("grpc.server_handshake_timeout_ms", min(int(limits.idle_timeout * 1000), MAX_INT32)),
-        ]
-        server = grpc.aio.server(handlers=handlers, interceptors=[_TokenCheck(self)], options=options, maximum_concurrent_rpcs=limits.max_connections)
-        address = f"{self.host}:{port}"
-        if self.tls:
-            cert, key = (open(path, "rb").read() for path in self._tls_files)  # type: ignore[arg-type]
-            bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
-        else:
-            bound = server.add_insecure_port(address)
-        if bound == 0:
-            raise OSError(f"cannot listen for OTLP/gRPC on {address}")
-        await server.start()
-        self._grpc = server
-        self.grpc_port = bound
-
-    async def _export(self, requests: Any, context: Any, signal: str = "traces") -> Any:
-        """One OTLP/gRPC export call (authenticated by :class:`_TokenCheck`)."""
-        import grpc
-
-        assert self._slots is not None and self._pool is not None
-        try:
-            await asyncio.wait_for(self._slots.acquire(), self.limits.body_timeout)
-        except asyncio.TimeoutError:
-            self.count_refusal("grpc", "too_many_requests")
-            context.set_trailing_metadata((("retry-after", "1"),))
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, "too many requests in progress; retry later")
-        decoding = None
-        try:
-            try:
-                raw = await asyncio.wait_for(context.read(), self.limits.body_timeout)
-            except asyncio.TimeoutError:
-                raw = None
-            if raw is None:
-                await _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, f"the request message did not arrive within {self.limits.body_timeout:g} s")
-            if raw is grpc.aio.EOF:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
-
-            # the slot is freed when the decoding ends, even if this call is cancelled first
-            decoding = self._pool.submit(self._decode_and_admit, raw, "application/x-protobuf", signal, "gRPC")
-            decoding.add_done_callback(self._release_slot)
-            outcome = await self._finished(decoding)
-        finally:
-            if decoding is None:
-                self._slots.release()
-        if outcome is _STOPPING:
-            context.set_trailing_metadata((("retry-after", "1"),))
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver is shutting down; retry")
-        if outcome is _BUSY:
-            self.count_refusal("grpc", "decoding_budget")
-            context.set_trailing_metadata((("retry-after", "1"),))
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver's decoding memory is taken by other requests; retry later")
-        if isinstance(outcome, RequestTooLarge):
-            await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(outcome))
-        if isinstance(outcome, OTLPDecodeError):
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(outcome))
-        if not isinstance(outcome, Admission):
-            await _abort(context, grpc.StatusCode.INTERNAL, f"the request could not be processed: {type(outcome).__name__}")
-        if not outcome.accepted:
-            self.count_refusal("grpc", "queue_full")
-            context.set_trailing_metadata((("retry-after", str(self.retry_after())),))
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, "the scoring queue is full; retry later")
-        return _response(outcome, signal)
-
-
-async def _abort(context: Any, code: Any, message: str) -> None:
-    """End a gRPC call with ``code`` (raises grpc's AbortError, as ``context.abort`` does). A
-    call grpcio already ended (cancelled by its client, or its message refused above
-    ``grpc.max_receive_message_length``) has nothing left to answer: it unwinds quietly (as a
-    cancellation) instead of grpcio logging a failed batch with a traceback."""
-    import grpc
-
-    try:
-        await context.abort(code, message)
-    except grpc.aio.AbortError:
-        raise
-    except Exception:
-        raise asyncio.CancelledError() from None
-
-
-def _token_check_class() -> Any:
-    import grpc
-
-    class TokenCheck(grpc.aio.ServerInterceptor):
-        """Refuses a call without the bearer token from its metadata, before its message is
-        read: an unauthenticated caller holds nothing (answered UNAUTHENTICATED at once)."""
-
-        def __init__(self, server: "OTLPServer"):
-            self._server = server
-
-            async def refuse(_requests: Any, context: Any) -> None:
-                await _abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization: Bearer <token>)")
-
-            # a stream-request handler: grpcio runs it without waiting for a message
-            self._refuse = grpc.stream_unary_rpc_method_handler(refuse)
-
-        async def intercept_service(self, continuation: Any, details: Any) -> Any:
-            metadata = {key: value for key, value in (details.invocation_metadata or ()) if isinstance(value, str)}
-            if self._server.authorized(metadata.get("authorization")):
-                return await continuation(details)
-            self._server.count_refusal("grpc", "unauthenticated")
-            return self._refuse
-
-    return TokenCheck
-
-
-def _TokenCheck(server: OTLPServer) -> Any:  # noqa: N802 - builds the interceptor (grpc imported lazily)
-    """The bearer-token interceptor of ``server``'s gRPC receiver."""
-    global _token_check
-    if _token_check is None:
-        _token_check = _token_check_class()
-    return _token_check(server)
-
-
-_token_check: Any = None

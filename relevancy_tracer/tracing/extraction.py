@@ -40,7 +40,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ..dataset import resolve_path
+from ..dataset.columns import resolve_path
 from ..scoring import conversation
 
 Spec = Union[str, Callable[["CallInfo"], Any], None]
