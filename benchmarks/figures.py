@@ -66,7 +66,7 @@ BLOCK = re.compile(r"(?<!`)(?P<head><!-- fig-block (?P<spec>[^\n]+?) -->\n)(?P<b
 TABLE = re.compile(r"(?P<head><!-- fig-table (?P<name>[\w.-]+)(?:\((?P<args>[^()]*)\))? -->\n)(?P<body>.*?)(?P<tail><!-- /fig-table -->)", re.S)
 
 #: results stems whose benchmark module is not their name's prefix
-MODULE_OVERRIDES = {"calibration": "fit_calibration", "refusal_similarities": "production_mix"}
+MODULE_OVERRIDES = {"calibration": "fit_calibration", "refusal_similarities": "production_mix", "chat_alerts": "alert_traffic"}
 #: results stems made by ``benchmarks.examples`` (``example_score``, ``example_demo``)
 EXAMPLES_PREFIX = "example_"
 
@@ -377,6 +377,23 @@ def _multiturn(r: Results, stem: str = "multiturn") -> str:
                     with_ci(cell["pairwise"], cell["pairwise_ci"], ".2f") if "pairwise" in cell else "not measured",
                 ]
             )
+    return md_table(header, rows)
+
+
+# ---- docs/methods.md: benchmarks/results/chat_alerts.json (python -m benchmarks.alert_traffic)
+
+
+@table("chat_alerts")
+def _chat_alerts(r: Results, stem: str = "chat_alerts") -> str:
+    data = r(stem)
+    by = {(run["follow_up_share"], run["follow_ups_judged"]): run for run in data["runs"]}
+    header = ["follow-up turns", "healthy answers labelled low (in conversation)", "days `RelevancyLowLabelShareHigh` fired: in conversation", "last turn alone"]
+    rows = []
+    for share in sorted({share for share, _ in by}):
+        history = by.get((share, "history"))
+        last = by.get((share, "last_turn")) or (history if share == 0 else None)
+        cell = lambda run: "not measured" if run is None else f"{run['fired'].get('RelevancyLowLabelShareHigh', 0)} of {run['days']}"  # noqa: E731
+        rows.append([fmt(share, ".0%"), fmt(history["low_label_share"], ".0%") if history else "not measured", cell(history), cell(last)])
     return md_table(header, rows)
 
 
